@@ -1,0 +1,55 @@
+# Gantry — every target installs what it needs first (via the .venv stamp).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.gantry-installed
+PACKAGES := libs/core libs/events libs/security libs/protos libs/testing libs/supervisor libs/client services/audit
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
+PROTO_OUT := libs/protos/src
+
+.PHONY: install test lint protos protos-check bench bench-quick demo up clean lock
+
+install: $(STAMP)
+
+$(STAMP): constraints.txt requirements-dev.txt $(PYPROJECTS) Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt setuptools wheel
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation \
+		--config-settings editable_mode=compat $(addprefix -e ,$(PACKAGES)) -r requirements-dev.txt
+	@touch $(STAMP)
+
+protos: $(STAMP)
+	$(PY) -m gantry.protos._generate protos $(PROTO_OUT)
+
+protos-check: $(STAMP)
+	$(PY) -m gantry.protos._generate --check protos $(PROTO_OUT)
+
+lint: $(STAMP) protos-check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+bench-quick: $(STAMP)
+	$(PY) bench/audit_ingest.py --quick
+
+bench: $(STAMP)
+	$(PY) bench/audit_ingest.py
+
+demo: $(STAMP)
+	$(PY) -m gantry.client.demo
+
+up: $(STAMP)
+	$(VENV)/bin/gantry up
+
+lock:
+	rm -rf /tmp/gantry-lock && $(PYTHON) -m venv /tmp/gantry-lock
+	/tmp/gantry-lock/bin/pip install -q $(addprefix ./,$(PACKAGES)) -r requirements-dev.txt
+	{ head -2 constraints.txt; /tmp/gantry-lock/bin/pip freeze | grep -v '^gantry' | sed 's/+cpu//'; } > constraints.new && mv constraints.new constraints.txt
+
+clean:
+	rm -rf $(VENV) .gantry .mypy_cache .ruff_cache .pytest_cache

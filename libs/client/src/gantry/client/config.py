@@ -1,0 +1,52 @@
+"""Where the client finds the platform and its credentials."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field
+
+from gantry.core import CommonSettings, ConfigError
+
+
+class ClientSettings(CommonSettings):
+    """Client settings: ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``, ``GANTRY_DATA_DIR``."""
+
+    token: str | None = Field(
+        default=None,
+        description="Bearer token; default: the file <data_dir>/admin.token if it exists.",
+    )
+    audit_addr: str | None = Field(
+        default=None,
+        description="host:port of the audit gRPC API; default: from <data_dir>/run/audit.json.",
+    )
+
+    def address(self, service: str) -> str:
+        """host:port of ``service``: the explicit setting, else the running platform's file."""
+        explicit = getattr(self, f"{service}_addr", None)
+        if explicit:
+            return str(explicit)
+        run_file = self.data_dir / "run" / f"{service}.json"
+        try:
+            return str(json.loads(run_file.read_text())["grpc"])
+        except (OSError, ValueError, KeyError):
+            raise ConfigError(
+                f"don't know where the {service} service is: no {run_file}",
+                hint=f"start the platform with 'gantry up' or set GANTRY_{service.upper()}_ADDR",
+            ) from None
+
+    def bearer(self) -> str:
+        """The token to send."""
+        if self.token:
+            return self.token
+        path: Path = self.data_dir / "admin.token"
+        if path.exists():
+            return path.read_text().strip()
+        raise ConfigError(
+            "no token: set GANTRY_TOKEN",
+            hint="create one with 'gantry admin token create --user U --role R'",
+        )
+
+
+__all__ = ["ClientSettings"]

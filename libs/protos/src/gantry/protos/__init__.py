@@ -1,0 +1,1 @@
+"""gantry.protos: generated gRPC/protobuf code (see protos/ and make protos)."""

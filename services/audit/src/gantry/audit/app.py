@@ -1,0 +1,188 @@
+"""Wiring (the top layer): settings → database → NATS → ledger, ingest, gRPC API, metrics.
+
+One :class:`AuditService` is one process. ``run()`` serves until SIGTERM/SIGINT (or
+:meth:`AuditService.stop`), then shuts down in order: stop taking events, finish the batches in
+hand, sign a last checkpoint, flush the outbox and queued decisions, stop gRPC, drain NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Gauge, start_http_server
+
+from gantry.audit.api import METHOD_RULES, SERVICE, AuditApi
+from gantry.audit.ingest import Ingestor
+from gantry.audit.ledger import SOURCE, Ledger
+from gantry.audit.settings import AuditSettings
+from gantry.audit.store import Store, connect, migrate, outbox
+from gantry.core import get_logger
+from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
+from gantry.protos.v1 import audit_pb2_grpc
+from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security.decisions import EventDecisionSink
+from gantry.security.keyring import Keyring
+
+_log = get_logger("gantry.audit")
+
+LOG_SIZE = Gauge("gantry_audit_log_size", "Events in the audit log")
+CHECKPOINT_SIZE = Gauge("gantry_audit_checkpoint_size", "Tree size of the latest signed head")
+
+
+class AuditService:
+    """The audit service process."""
+
+    def __init__(self, settings: AuditSettings) -> None:
+        self.settings = settings
+        self.keyring = Keyring(settings.keys_dir)
+        self.key = self.keyring.service_key("audit")
+        self.trust = self.keyring.trust()
+        self.engine = connect(settings.database_url)
+        self.ledger = Ledger(
+            Store(self.engine),
+            seal_key=self.keyring.secret("audit-seal"),
+            signer=self.key,
+            checkpoint_every_events=settings.audit.checkpoint_every_events,
+        )
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Start everything, serve until stopped, shut down cleanly."""
+        s = self.settings
+        migrate(self.engine)
+        await asyncio.to_thread(self.ledger.open)
+        LOG_SIZE.set(self.ledger.size)
+        bus = await Bus.connect(s.nats, name="gantry-audit")
+        await bus.ensure_streams()
+        publisher = Publisher(bus, signer=self.key, max_event_bytes=s.audit.max_event_bytes)
+        background = BackgroundPublisher(publisher)
+        background.start()
+        relay = OutboxRelay(self.engine, outbox, publisher)
+        ingestor = Ingestor(
+            bus,
+            self.ledger,
+            publisher,
+            verifier=self.trust if s.audit.require_signed_events else None,
+            batch_size=s.audit.batch_size,
+            max_event_bytes=s.audit.max_event_bytes,
+        )
+        policy = Policy.from_file(s.audit.policy_file) if s.audit.policy_file else default_policy()
+        interceptor = AuthInterceptor(
+            TokenVerifier(self.trust, known_roles=policy.roles),
+            Authorizer(policy),
+            METHOD_RULES,
+            EventDecisionSink(background, source=SOURCE),
+            "audit",
+        )
+        server = grpc.aio.server(interceptors=[interceptor])
+        audit_pb2_grpc.add_AuditServiceServicer_to_server(
+            AuditApi(self.ledger, self.trust, on_query=relay.notify), server
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        self.grpc_port = server.add_insecure_port(f"{s.audit.grpc_host}:{s.audit.grpc_port}")
+        await server.start()
+        http, _thread = start_http_server(s.audit.metrics_port, addr=s.audit.grpc_host)
+        self.metrics_port = http.server_port
+        self._tasks = [
+            asyncio.create_task(ingestor.run(), name="ingest"),
+            asyncio.create_task(relay.run(), name="outbox"),
+            asyncio.create_task(self._checkpoints(ingestor, relay), name="checkpoints"),
+        ]
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._write_run_file()
+        _log.info(
+            "audit service ready",
+            grpc=f"{s.audit.grpc_host}:{self.grpc_port}",
+            metrics=self.metrics_port,
+            log_size=self.ledger.size,
+            database=self.engine.url.render_as_string(hide_password=True),
+        )
+        await self._stopping.wait()
+
+        _log.info("audit service stopping")
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        ingestor.stop()
+        await self._tasks[0]
+        await asyncio.to_thread(self.ledger.checkpoint)
+        relay.stop()
+        await self._tasks[1]
+        self._tasks[2].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._tasks[2]
+        await server.stop(grace=5)
+        await background.drain()
+        await bus.close()
+        http.shutdown()
+        http.server_close()
+        self.engine.dispose()
+        self._run_file().unlink(missing_ok=True)
+        _log.info("audit service stopped", log_size=self.ledger.size)
+
+    async def _checkpoints(self, ingestor: Ingestor, relay: OutboxRelay) -> None:
+        every_s = self.settings.audit.checkpoint_every_s
+        last = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ingestor.new_events.wait(), timeout=min(every_s, 1.0))
+            ingestor.new_events.clear()
+            LOG_SIZE.set(self.ledger.size)
+            if self.ledger.checkpoint_due(elapsed_s=time.monotonic() - last, every_s=every_s):
+                head = await asyncio.to_thread(self.ledger.checkpoint)
+                last = time.monotonic()
+                if head is not None:
+                    CHECKPOINT_SIZE.set(head.tree_size)
+                    relay.notify()
+
+    def _run_file(self) -> Path:
+        return self.settings.data_dir / "run" / "audit.json"
+
+    def _write_run_file(self) -> None:
+        """Tell the supervisor and the CLI where this process listens."""
+        path = self._run_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "service": "audit",
+                    "pid": os.getpid(),
+                    "grpc": f"{self.settings.audit.grpc_host}:{self.grpc_port}",
+                    "metrics": f"http://{self.settings.audit.grpc_host}:{self.metrics_port}/metrics",
+                }
+            )
+        )
+        os.replace(tmp, path)
+
+
+async def serve(settings: AuditSettings) -> None:
+    """Run the service until SIGTERM or SIGINT."""
+    service = AuditService(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    await service.run()
+
+
+__all__ = ["AuditService", "serve"]

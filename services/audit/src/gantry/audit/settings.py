@@ -1,0 +1,62 @@
+"""The audit service's settings (environment variables ``GANTRY_AUDIT__*`` and ``GANTRY_*``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from gantry.core import CommonSettings
+
+
+class AuditOptions(BaseModel):
+    """Options of the audit service itself."""
+
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the log database; default sqlite:///<data_dir>/audit.db. "
+        "Use postgresql+psycopg://... on clusters.",
+    )
+    grpc_host: str = Field(default="127.0.0.1", description="gRPC listen address.")
+    grpc_port: int = Field(default=7031, ge=0, le=65535, description="gRPC port; 0 = any free.")
+    metrics_port: int = Field(
+        default=9031, ge=0, le=65535, description="Prometheus /metrics and /healthz port; 0 = any."
+    )
+    checkpoint_every_events: int = Field(
+        default=1000, ge=1, description="Sign a tree head after this many new events (1000)."
+    )
+    checkpoint_every_s: float = Field(
+        default=5.0, gt=0, description="...or after this many seconds with new events (5 s)."
+    )
+    batch_size: int = Field(
+        default=500, ge=1, le=10_000, description="Events fetched and appended per transaction."
+    )
+    max_event_bytes: int = Field(
+        default=256 * 1024, ge=1024, description="Larger events are dead-lettered (256 KiB)."
+    )
+    require_signed_events: bool = Field(
+        default=True,
+        description="Dead-letter events without a valid signature from a trusted key (true).",
+    )
+    policy_file: Path | None = Field(
+        default=None, description="RBAC policy YAML; default: the shipped policy."
+    )
+
+
+class AuditSettings(CommonSettings):
+    """All settings of one audit-service process."""
+
+    audit: AuditOptions = Field(default_factory=AuditOptions)
+
+    @property
+    def database_url(self) -> str:
+        """The effective database URL."""
+        return self.audit.database_url or f"sqlite:///{self.data_dir / 'audit.db'}"
+
+    @property
+    def keys_dir(self) -> Path:
+        """Where key files live (created by ``gantry admin init``)."""
+        return self.data_dir / "keys"
+
+
+__all__ = ["AuditOptions", "AuditSettings"]

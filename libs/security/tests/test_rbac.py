@@ -206,3 +206,11 @@ def test_check_returns_the_decision_or_raises(authz: Authorizer) -> None:
     assert error.resource == "model m1"
     assert error.reason == "condition environment in [staging] not met (role ml-developer)"
     assert "'alice' may not deploy model m1" in str(error)
+
+
+def test_grant_index_lookup_merges_wildcards() -> None:
+    grants = Policy.from_yaml(POLICY).grants
+    assert set(grants.lookup("tmp", "purge") or {}) == {"admin", "janitor"}
+    assert set(grants.lookup("dataset", "read") or {}) == {"admin", "ml-developer", "reader"}
+    assert set(grants.lookup("unheard-of", "list") or {}) == {"admin", "reader"}
+    assert set(grants.lookup("unheard-of", "zap") or {}) == {"admin"}

@@ -156,3 +156,33 @@ async def test_bad_requests_get_clear_errors(audit: Running) -> None:
             await asyncio.to_thread(lambda: client.page(page_token="xyz"))
         with pytest.raises(InvalidInput, match="resource is required"):
             await asyncio.to_thread(lambda: client.access_report(""))
+
+
+async def test_health_reflection_and_metrics_need_no_token(audit: Running) -> None:
+    import urllib.request
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    addr = f"127.0.0.1:{audit.service.grpc_port}"
+
+    def probe() -> tuple[int, list[str]]:
+        with grpc.insecure_channel(addr) as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="gantry.audit.v1.AuditService")
+            )
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            (answer,) = list(stub.ServerReflectionInfo(iter([request])))
+            return status.status, [s.name for s in answer.list_services_response.service]
+
+    status, services = await asyncio.to_thread(probe)
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert "gantry.audit.v1.AuditService" in services
+    await emit_reads(audit, 3)
+    await wait_for(lambda: audit.service.ledger.size >= 3)
+    url = f"http://127.0.0.1:{audit.service.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    line = next(x for x in body.splitlines() if x.startswith("gantry_audit_events_appended_total"))
+    assert float(line.split()[-1]) >= 3

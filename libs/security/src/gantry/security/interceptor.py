@@ -90,7 +90,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ``rules`` maps full method names (``/pkg.Service/Method``) to :class:`MethodRule`; methods
     without a rule are denied (deny by default). Methods starting with one of
     ``public_methods`` (health checks and reflection by default) need no token and are not
-    recorded. ``service`` names this service in the recorded decisions.
+    recorded. ``service`` names this service in the recorded decisions. A method the server
+    does not implement is left to gRPC (UNIMPLEMENTED) and not recorded.
+
+    Decisions are taken on the method alone (no request attributes), so a rule with a
+    ``when`` condition never allows at this level: check such conditions in the handler with
+    :meth:`Authorizer.check` and map the method to an unconditional action here.
     """
 
     def __init__(
@@ -121,7 +126,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         outcome = self._authorize(method, handler_call_details.invocation_metadata)
         if isinstance(outcome, _Refusal):
-            return handler
+            return _refusing_handler(handler, outcome)
         return _bound_handler(handler, outcome)
 
     def _authorize(self, method: str, metadata: Iterable[Any] | None) -> Principal | _Refusal:

@@ -17,8 +17,9 @@ A policy file looks like::
       svc-audit: [service]
 
 ``"*"`` in ``actions`` or ``resources`` matches anything. Loading validates the shape (every
-problem is a :class:`ConfigError` naming the role, rule and field) and compiles each role into
-nested dicts, so a decision is a handful of dict lookups (see :mod:`gantry.security.rbac`).
+problem is a :class:`ConfigError` naming the role, rule and field) and compiles the rules into
+a :class:`~gantry.security.grants.GrantIndex`, so a decision is a handful of dict lookups
+(see :mod:`gantry.security.rbac`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """RBAC decisions: deny by default, evaluated in-process against a precompiled :class:`Policy`.
 
 :meth:`Authorizer.decide` is on the path of every API call, so it does only dict and frozenset
-lookups on tables built when the policy was loaded; an allow returns a :class:`Decision`
-prebuilt per role (no allocation), a deny builds one reason string saying why.
+lookups in the :class:`~gantry.security.grants.GrantIndex` built when the policy was loaded.
+Allows and failed conditions return a :class:`Decision` prebuilt at load time (no
+allocation); only the "no role allows this" deny builds its reason string per call.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Authorizer:
         """The deny when no role has a rule for the request (kept cheap: the common deny)."""
         bound_text = self._bound_text.get(subject)
         known = self._roles
-        if (not roles or bound_text is None) and all(r in known for r in roles):
+        if (not roles or bound_text is None) and known.issuperset(roles):
             held = ", ".join(roles) or bound_text or "none"
             suffix = ""
         else:

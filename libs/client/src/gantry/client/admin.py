@@ -1,0 +1,152 @@
+"""Platform administration: the key directory, admin and user tokens, service accounts.
+
+``init`` is what ``gantry admin init`` (and ``gantry up`` on a fresh data directory) runs::
+
+    <data_dir>/
+      admin.token               a platform-admin token (mode 0600), renewed by every init
+      keys/issuer.pem           the token-signing key
+      keys/services/<name>.pem  service-account signing keys
+      keys/trusted/<kid>.pub    public keys every Gantry process trusts
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from gantry.core import InvalidInput
+from gantry.security import TokenIssuer, default_policy, parse_ttl
+from gantry.security.keyring import Keyring
+
+ADMIN_SUBJECT = "admin"
+ADMIN_ROLE = "platform-admin"
+SERVICE_ROLE = "service"
+DEFAULT_TTL = dt.timedelta(hours=12)
+#: Names of Gantry's own services: an outside service account may not take their keys.
+RESERVED_ACCOUNTS = frozenset({"audit", "gantry", "supervisor"})
+_ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What ``init`` did."""
+
+    data_dir: Path
+    keys_dir: Path
+    issuer_kid: str
+    created_keys: bool
+    token_path: Path
+
+    @property
+    def trusted_dir(self) -> Path:
+        """The directory of trusted public keys."""
+        return self.keys_dir / "trusted"
+
+
+def keyring(data_dir: Path) -> Keyring:
+    """The key directory of the platform at ``data_dir``."""
+    return Keyring(Path(data_dir) / "keys")
+
+
+def init(data_dir: Path, *, ttl: dt.timedelta = DEFAULT_TTL) -> InitResult:
+    """Create the key directory and write a fresh admin token to ``<data_dir>/admin.token``.
+
+    Idempotent: existing keys are kept; every run issues a new admin token (valid ``ttl``).
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ring = keyring(data_dir)
+    created = not ring.issuer_path.exists()
+    issuer = ring.issuer(create=True)
+    token = TokenIssuer(issuer).issue(ADMIN_SUBJECT, [ADMIN_ROLE], ttl)
+    token_path = data_dir / "admin.token"
+    write_private_text(token_path, token + "\n")
+    return InitResult(data_dir, ring.root, issuer.kid, created, token_path)
+
+
+def create_token(
+    data_dir: Path,
+    user: str,
+    roles: list[str] | tuple[str, ...],
+    ttl: dt.timedelta | str = DEFAULT_TTL,
+) -> str:
+    """A token for ``user`` with ``roles`` (each defined by the RBAC policy), valid ``ttl``.
+
+    ``ttl`` is a timedelta or a duration such as ``"12h"``. Raises :class:`InvalidInput` for an
+    unknown role (naming the roles that exist) and :class:`gantry.core.ConfigError` when the
+    platform has no signing key yet.
+    """
+    lifetime = parse_ttl(ttl) if isinstance(ttl, str) else ttl
+    check_roles(roles)
+    issuer = keyring(data_dir).issuer()
+    return TokenIssuer(issuer).issue(user, list(roles), lifetime)
+
+
+def check_roles(roles: list[str] | tuple[str, ...]) -> None:
+    """Raise :class:`InvalidInput` unless every role is defined by the shipped RBAC policy."""
+    known = default_policy().roles
+    if not roles:
+        raise InvalidInput("give at least one role", hint=f"roles: {', '.join(sorted(known))}")
+    unknown = [r for r in roles if r not in known]
+    if unknown:
+        raise InvalidInput(
+            f"unknown role{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+            hint=f"roles defined by the policy: {', '.join(sorted(known))}",
+        )
+
+
+def create_service_account(
+    data_dir: Path, name: str, *, ttl: dt.timedelta | str = DEFAULT_TTL
+) -> tuple[str, Path]:
+    """A signing key and a ``service`` token for the outside service ``name``.
+
+    The key is created on first use (an existing one is kept) and its public half is written
+    to ``keys/trusted/svc-<name>.pub``, so Gantry accepts the events it signs. Returns
+    ``(token, key_path)``.
+    """
+    if not isinstance(name, str) or not _ACCOUNT_NAME.match(name):
+        raise InvalidInput(
+            f"invalid service account name {name!r}",
+            hint="use lower-case letters, digits, '-' and '_', starting with a letter",
+        )
+    if name in RESERVED_ACCOUNTS:
+        raise InvalidInput(
+            f"{name!r} is the name of a Gantry service", hint="pick another account name"
+        )
+    lifetime = parse_ttl(ttl) if isinstance(ttl, str) else ttl
+    ring = keyring(data_dir)
+    issuer = ring.issuer()
+    ring.service_key(name)  # created on first use; its public key becomes trusted
+    token = TokenIssuer(issuer).issue(name, [SERVICE_ROLE], lifetime, kind="service")
+    return token, ring.root / "services" / f"{name}.pem"
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by its owner only (mode 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+__all__ = [
+    "ADMIN_ROLE",
+    "DEFAULT_TTL",
+    "RESERVED_ACCOUNTS",
+    "InitResult",
+    "check_roles",
+    "create_service_account",
+    "create_token",
+    "init",
+    "keyring",
+    "write_private_text",
+]

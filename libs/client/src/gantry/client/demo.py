@@ -1,0 +1,298 @@
+"""``python -m gantry.client.demo`` (``make demo``): the audit trail end to end in seconds.
+
+Starts the embedded platform in a fresh temporary data directory, creates the service account
+``feature-store``, emits 1,000 signed ``gantry.data.accessed`` events through the SDK, then as
+an auditor: waits until the log holds them, counts them with a query, prints the access report
+for ``dataset/customers``, waits for a signed checkpoint covering them, has the server verify
+the whole log and checks one inclusion proof locally. Exits 0 when every step worked, 1 (with
+the failing step and the services' last log lines) otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gantry.client.admin import create_service_account, create_token, keyring
+from gantry.client.audit import AuditClient, Filter
+from gantry.client.cli import access_table, configure_cli_logging
+from gantry.client.emit import connect
+from gantry.client.errors import RemoteNotFound
+from gantry.core import (
+    CommonSettings,
+    GantryError,
+    IntegrityError,
+    Unavailable,
+    load_settings,
+    new_id,
+)
+from gantry.security.treehead import TreeHead
+from gantry.supervisor.platform import Platform
+
+EVENT_TYPE = "gantry.data.accessed"
+ACTORS = ("alice", "bob", "carol", "dave", "erin", "frank")
+SERVICE_ACCOUNT = "feature-store"
+RESOURCE = "dataset/customers"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Summary:
+    """What the demo achieved."""
+
+    emitted: int = 0
+    in_log: int = 0
+    report_rows: int = 0
+    verified_events: int = 0
+    checkpoints: int = 0
+    proof_index: int = -1
+    elapsed_s: float = 0.0
+
+
+class _Steps:
+    """Remembers which step runs, for the failure message."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.current = "starting"
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        self.current = name
+        started = time.monotonic()
+        yield
+        self.console.print(
+            f"[green]✓[/] {escape(name)} [dim]({time.monotonic() - started:.1f}s)[/]"
+        )
+
+
+def _poll(what: str, probe: Callable[[], T | None], timeout_s: float) -> T:
+    """Call ``probe`` until it returns a value; raise :class:`Unavailable` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise Unavailable(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+async def _emit_events(
+    url: str, key_path: Path, count: int, run_id: str, console: Console
+) -> list[str]:
+    rng = random.Random(20260131)
+    async with await connect(
+        source=SERVICE_ACCOUNT, actor="svc-feature-store", url=url, key_path=key_path
+    ) as emitter:
+        events = [
+            emitter.build(
+                EVENT_TYPE,
+                {
+                    "dataset": "customers" if rng.random() < 0.6 else "transactions",
+                    "rows": rng.randint(1, 5000),
+                    "view": "deidentified",
+                    "decision": "deny" if i % 10 == 0 else "allow",
+                    "purpose": "feature-engineering",
+                },
+                actor=rng.choice(ACTORS),
+                correlation_id=run_id,
+            )
+            for i in range(count)
+        ]
+        progress = Progress(
+            TextColumn("emitting signed events"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        with progress:
+            task = progress.add_task("emit", total=count)
+            for start in range(0, count, 100):
+                batch = events[start : start + 100]
+                await emitter.emit_many(batch)
+                progress.advance(task, len(batch))
+    return [e.id for e in events]
+
+
+def run(
+    data_dir: Path,
+    *,
+    count: int = 1000,
+    nats_port: int = 0,
+    console: Console | None = None,
+    log_sink: Callable[[str], None] | None = None,
+    steps: _Steps | None = None,
+) -> Summary:
+    """Run the demo against a platform it starts in ``data_dir``; raise GantryError on failure."""
+    console = console or Console()
+    steps = steps or _Steps(console)
+    started = time.monotonic()
+    summary = Summary()
+    run_id = new_id()
+    platform = Platform(
+        data_dir,
+        nats_port=nats_port,
+        service_env={"GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.5"},
+        log_sink=log_sink,
+    )
+    try:
+        with steps.step("platform started (NATS + audit service)"):
+            platform.start(timeout_s=45)
+        with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
+            _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
+        with steps.step(f"{count:,} signed {EVENT_TYPE} events emitted"):
+            ids = asyncio.run(_emit_events(platform.nats_url, key_path, count, run_id, console))
+            summary.emitted = len(ids)
+        with steps.step("auditor token created"):
+            token = create_token(data_dir, "demo-auditor", ["auditor"], dt.timedelta(hours=1))
+        with AuditClient(platform.address("audit"), token) as client:
+            summary = _audit(client, steps, data_dir, ids, run_id, summary, console)
+    finally:
+        platform.stop()
+    summary.elapsed_s = time.monotonic() - started
+    return summary
+
+
+def _audit(
+    client: AuditClient,
+    steps: _Steps,
+    data_dir: Path,
+    ids: list[str],
+    run_id: str,
+    summary: Summary,
+    console: Console,
+) -> Summary:
+    flt = Filter(types=[EVENT_TYPE], correlation_id=run_id)
+
+    def logged() -> list[int] | None:
+        indexes = [r.index for r in client.query(flt, page_size=1000)]
+        return indexes if len(indexes) >= len(ids) else None
+
+    with steps.step("events ingested into the audit log"):
+        indexes = _poll("the audit log to hold every event", logged, timeout_s=30)
+    with steps.step(f"query types=[{EVENT_TYPE}] counted them"):
+        summary.in_log = sum(1 for _ in client.query(flt, page_size=1000))
+        if summary.in_log != len(ids):
+            raise IntegrityError(f"the log holds {summary.in_log} of {len(ids)} emitted events")
+    with steps.step(f"access report for {RESOURCE}"):
+        report = client.access_report(RESOURCE)
+        summary.report_rows = len(report.rows)
+    console.print(access_table(report))
+
+    needed = max(indexes) + 1
+
+    def covering() -> TreeHead | None:
+        try:
+            head = client.checkpoint()
+        except RemoteNotFound:
+            return None
+        return head if head.tree_size >= needed else None
+
+    with steps.step("signed checkpoint covers every event"):
+        head = _poll(f"a checkpoint of size {needed}", covering, timeout_s=20)
+    with steps.step("server verified the whole log"):
+        result = client.verify()
+        if not result.ok:
+            problems = "; ".join(f"index {p.index}: {p.kind}" for p in result.problems[:5])
+            raise IntegrityError(f"the server found problems in the log: {problems}")
+        summary.verified_events = result.events_checked
+        summary.checkpoints = result.checkpoints_checked
+    with steps.step("inclusion proof checked locally"):
+        trust = keyring(data_dir).trust()
+        event_id = ids[len(ids) // 2]
+        index, _raw, _head = client.prove_inclusion(trust, event_id=event_id)
+        head.check_signature(trust)
+        summary.proof_index = index
+    return summary
+
+
+def _summary_table(summary: Summary) -> Table:
+    table = Table(title="Gantry demo", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("result", justify="right")
+    table.add_row("events emitted (signed)", f"{summary.emitted:,}")
+    table.add_row("events in the audit log", f"{summary.in_log:,}")
+    table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")
+    table.add_row(
+        "verify",
+        f"OK ({summary.verified_events:,} events, {summary.checkpoints:,} checkpoints)",
+    )
+    table.add_row("inclusion proof", f"OK (entry {summary.proof_index:,})")
+    table.add_row("elapsed", f"{summary.elapsed_s:.1f}s")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; 0 when every step worked, 1 when one failed (with a clear message)."""
+    parser = argparse.ArgumentParser(prog="python -m gantry.client.demo", description=__doc__)
+    parser.add_argument(
+        "--data-dir", type=Path, help="use this data directory (default: a fresh temporary one)"
+    )
+    parser.add_argument("--events", type=int, default=1000, help="events to emit (1000)")
+    parser.add_argument(
+        "--nats-port", type=int, default=0, help="preferred NATS port (default: any free one)"
+    )
+    parser.add_argument("--verbose", action="store_true", help="stream the services' logs")
+    args = parser.parse_args(argv)
+    if args.events < 1:
+        parser.error("--events must be at least 1")
+    configure_cli_logging(load_settings(CommonSettings))
+    console = Console()
+    logs: collections.deque[str] = collections.deque(maxlen=30)
+
+    def sink(line: str) -> None:
+        logs.append(line)
+        if args.verbose:
+            print(line, flush=True)
+
+    steps = _Steps(console)
+    with contextlib.ExitStack() as stack:
+        data_dir: Path = args.data_dir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="gantry-demo-"))
+        )
+        console.print(f"[bold]Gantry demo[/] — data dir {data_dir}")
+        try:
+            summary = run(
+                data_dir,
+                count=args.events,
+                nats_port=args.nats_port,
+                console=console,
+                log_sink=sink,
+                steps=steps,
+            )
+        except GantryError as exc:
+            print(f"demo failed while {steps.current}: {exc}", file=sys.stderr)
+            if logs and not args.verbose:
+                print("last service log lines:", file=sys.stderr)
+                for line in logs:
+                    print(f"  {line}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("demo interrupted", file=sys.stderr)
+            return 130
+    console.print(_summary_table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""The embedded platform behind ``gantry up``: one nats-server and every service, supervised.
+
+:class:`Platform` starts a :class:`~gantry.supervisor.nats_server.NatsServer` under
+``<data_dir>/nats`` and then each service as a child process ``python -m gantry.<service>``
+(services are never imported here). Every child's stdout and stderr are merged into one log
+stream, each line prefixed with the service's name. A service is ready when it has written
+``<data_dir>/run/<service>.json`` with its own pid and its gRPC health check answers SERVING.
+
+Files the platform keeps under ``<data_dir>/run/``:
+
+    nats.json          {"url": ..., "pid": ...}  where the event bus listens (read by the SDK)
+    <service>.json     written by each service: pid, gRPC address, metrics URL
+    platform.lock      held while a platform runs, so two never share one data directory
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gantry.core import Conflict, InvalidInput, NotFound, Unavailable
+from gantry.supervisor.nats_server import NatsServer, port_is_free
+
+DEFAULT_NATS_PORT = 4222
+_TAIL_LINES = 40
+_POLL_S = 0.05
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+@dataclass
+class _Child:
+    """One supervised service process and what the platform knows about it."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    reader: threading.Thread | None = None
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=_TAIL_LINES)
+    )
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Platform:
+    """nats-server plus the Gantry services as supervised child processes.
+
+    ``nats_port`` is the preferred NATS port (0 = any free port); when something already
+    listens there the platform says so through ``log_sink`` and takes a free port instead — it
+    never joins another server. ``service_env`` is added to every child's environment (e.g.
+    ``GANTRY_AUDIT__CHECKPOINT_EVERY_S``). ``log_sink`` receives every log line (default: print
+    to stdout); it is called from reader threads, one line at a time. ``initializer`` creates
+    the key directory and the first admin token when ``<data_dir>/keys/issuer.pem`` is missing
+    (default: :func:`gantry.client.admin.init`).
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        nats_port: int = DEFAULT_NATS_PORT,
+        services: Sequence[str] = ("audit",),
+        service_env: Mapping[str, str] | None = None,
+        log_sink: Callable[[str], None] | None = None,
+        initializer: Callable[[Path], object] | None = None,
+    ) -> None:
+        if not 0 <= nats_port <= 65535:
+            raise InvalidInput(f"NATS port must be between 0 and 65535, not {nats_port}")
+        for name in services:
+            if not name.isidentifier() or not name.islower():
+                raise InvalidInput(
+                    f"invalid service name {name!r}",
+                    hint="services are Python modules gantry.<name>, e.g. 'audit'",
+                )
+        if len(set(services)) != len(services):
+            raise InvalidInput(f"a service is listed twice in {list(services)}")
+        self.data_dir = Path(data_dir).absolute()
+        self.preferred_nats_port = nats_port
+        self.services: tuple[str, ...] = tuple(services)
+        self.service_env: dict[str, str] = dict(service_env or {})
+        self._sink = log_sink or _print_line
+        self._sink_lock = threading.Lock()
+        self._initializer = initializer
+        self._nats: NatsServer | None = None
+        self._children: dict[str, _Child] = {}
+        self._stopping = threading.Event()
+        self._lock_file: IO[bytes] | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def run_dir(self) -> Path:
+        """``<data_dir>/run``: where running processes say where they listen."""
+        return self.data_dir / "run"
+
+    @property
+    def nats_url(self) -> str:
+        """URL of the platform's NATS server (valid once started)."""
+        if self._nats is None:
+            raise Unavailable("the platform is not started", hint="call start() first")
+        return self._nats.url
+
+    @property
+    def nats_port(self) -> int:
+        """The port NATS actually listens on (valid once started)."""
+        if self._nats is None:
+            raise Unavailable("the platform is not started", hint="call start() first")
+        return self._nats.port
+
+    def address(self, name: str) -> str:
+        """``host:port`` of service ``name``'s gRPC API."""
+        return str(self.service_info(name)["grpc"])
+
+    def service_info(self, name: str) -> dict[str, Any]:
+        """What service ``name`` wrote into its run file (pid, gRPC address, metrics URL)."""
+        child = self._child(name)
+        if not child.info:
+            raise Unavailable(f"service {name!r} is not ready", hint="start the platform first")
+        return dict(child.info)
+
+    def pid(self, name: str) -> int | None:
+        """The process id of service ``name`` while it runs, else None."""
+        child = self._child(name)
+        return child.proc.pid if child.alive else None
+
+    def pids(self) -> dict[str, int]:
+        """Process ids of every running child, NATS included (as ``"nats"``)."""
+        out = {name: c.proc.pid for name, c in self._children.items() if c.alive}
+        if self._nats is not None and self._nats.pid is not None and self._nats.running:
+            out["nats"] = self._nats.pid
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout_s: float = 60.0) -> Platform:
+        """Start NATS and every service; return when all are healthy.
+
+        Raises :class:`Unavailable` (with the child's last log lines) when a service exits
+        during start-up or is not healthy within ``timeout_s``; everything started so far is
+        stopped again first. Raises :class:`Conflict` if another platform uses ``data_dir``.
+        """
+        deadline = time.monotonic() + timeout_s
+        self._stopping.clear()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._acquire_lock()
+        try:
+            self._ensure_initialized()
+            self._start_nats(max(1.0, min(15.0, deadline - time.monotonic())))
+            for name in self.services:
+                self._spawn(name)
+                self._wait_ready(name, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop every service (SIGTERM, SIGKILL after ``timeout_s``), then NATS. Idempotent."""
+        self._stopping.set()
+        children = list(reversed(self._children.values()))
+        for child in children:
+            if child.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in children:
+            self._reap(child, deadline)
+        self._children.clear()
+        if self._nats is not None:
+            nats, self._nats = self._nats, None
+            nats.stop(timeout_s)
+        (self.run_dir / "nats.json").unlink(missing_ok=True)
+        self._release_lock()
+
+    def kill_service(self, name: str) -> None:
+        """SIGKILL service ``name`` (crash simulation for tests) and wait for it to go."""
+        child = self._child(name)
+        if child.alive:
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.kill()
+        self._reap(child, time.monotonic() + 10)
+        child.info = {}
+
+    def restart_service(self, name: str, timeout_s: float = 60.0) -> None:
+        """Stop service ``name`` gracefully (if it runs) and start it again; wait until ready."""
+        child = self._child(name)
+        if child.alive:
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+        self._reap(child, time.monotonic() + 20)
+        child.info = {}
+        self._spawn(name)
+        self._wait_ready(name, time.monotonic() + timeout_s)
+
+    def wait(self) -> str | None:
+        """Block until a child dies or :meth:`stop` is called.
+
+        Returns the name of the process that died (``"nats"`` for the server), or None when
+        the platform was stopped.
+        """
+        while not self._stopping.is_set():
+            for name, child in self._children.items():
+                if not child.alive:
+                    return name
+            if self._nats is not None and not self._nats.running:
+                return "nats"
+            self._stopping.wait(0.2)
+        return None
+
+    def exit_code(self, name: str) -> int | None:
+        """The exit status of service ``name`` if it has exited (negative: killed by signal)."""
+        return self._child(name).proc.poll()
+
+    def last_log_lines(self, name: str) -> list[str]:
+        """The last few log lines of service ``name``."""
+        return list(self._child(name).tail)
+
+    def __enter__(self) -> Platform:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ internals
+
+    def _log(self, line: str) -> None:
+        with self._sink_lock:
+            self._sink(line)
+
+    def _child(self, name: str) -> _Child:
+        child = self._children.get(name)
+        if child is None:
+            raise NotFound(
+                "service", name, hint=f"this platform runs: {', '.join(self.services) or 'none'}"
+            )
+        return child
+
+    def _acquire_lock(self) -> None:
+        if self._lock_file is not None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fh = (self.run_dir / "platform.lock").open("ab")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise Conflict(
+                f"another Gantry platform is already running with data directory {self.data_dir}",
+                hint="stop it first, or pass a different --data-dir",
+            ) from None
+        self._lock_file = fh
+
+    def _release_lock(self) -> None:
+        fh, self._lock_file = self._lock_file, None
+        if fh is not None:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fh.close()
+
+    def _ensure_initialized(self) -> None:
+        if (self.data_dir / "keys" / "issuer.pem").exists():
+            return
+        initializer = self._initializer
+        if initializer is None:
+            # Imported lazily: the admin tooling lives in the client package.
+            from gantry.client.admin import init
+
+            initializer = init
+        self._log(f"gantry | no keys in {self.data_dir / 'keys'}: running 'gantry admin init'")
+        initializer(self.data_dir)
+
+    def _start_nats(self, timeout_s: float) -> None:
+        port = self.preferred_nats_port
+        if port and not port_is_free("127.0.0.1", port):
+            self._log(
+                f"gantry | port {port} is taken (another NATS server?); using a free port instead"
+            )
+            port = 0
+        self._nats = NatsServer(self.data_dir / "nats", port=port)
+        self._nats.start(timeout_s)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(self.run_dir / "nats.json", {"url": self._nats.url, "pid": self._nats.pid})
+        self._log(f"gantry | nats-server listening on {self._nats.url}")
+
+    def _env(self, name: str) -> dict[str, str]:
+        prefix = f"GANTRY_{name.upper()}__"
+        env = dict(os.environ)
+        env.update(
+            {
+                "GANTRY_DATA_DIR": str(self.data_dir),
+                "GANTRY_NATS__URL": self.nats_url,
+                "GANTRY_LOG_JSON": "true",
+                f"{prefix}GRPC_PORT": "0",
+                f"{prefix}METRICS_PORT": "0",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.service_env)
+        return env
+
+    def _spawn(self, name: str) -> _Child:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"gantry.{name}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self._env(name),
+            cwd=self.data_dir,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops children
+        )
+        child = _Child(name, proc)
+        self._children[name] = child
+        child.reader = threading.Thread(
+            target=self._pump, args=(child,), name=f"gantry-log-{name}", daemon=True
+        )
+        child.reader.start()
+        return child
+
+    def _pump(self, child: _Child) -> None:
+        stream = child.proc.stdout
+        if stream is None:
+            return
+        with stream:
+            for raw in stream:
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                child.tail.append(line)
+                self._log(f"{child.name} | {line}")
+
+    def _wait_ready(self, name: str, deadline: float) -> None:
+        child = self._child(name)
+        run_file = self.run_dir / f"{name}.json"
+        while True:
+            if not child.alive:
+                if child.reader is not None:
+                    child.reader.join(2)
+                raise Unavailable(
+                    f"service {name} exited with code {child.proc.returncode} while starting"
+                    + _tail_text(child),
+                    hint="fix the problem its log shows, then run 'gantry up' again",
+                )
+            info = _read_json(run_file)
+            address = info.get("grpc")
+            if info.get("pid") == child.proc.pid and isinstance(address, str) and _serving(address):
+                child.info = info
+                self._log(f"gantry | {name} is ready: gRPC {address}")
+                return
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.kill()
+                self._reap(child, time.monotonic() + 5)
+                raise Unavailable(
+                    f"service {name} did not become healthy in time" + _tail_text(child),
+                    hint="see its log lines above; a slow machine may need a longer timeout",
+                )
+            time.sleep(_POLL_S)
+
+    def _reap(self, child: _Child, deadline: float) -> None:
+        try:
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._log(f"gantry | {child.name} did not stop in time; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.kill()
+            child.proc.wait()
+        if child.reader is not None:
+            child.reader.join(5)
+
+
+def _serving(address: str) -> bool:
+    """True when the gRPC health service at ``address`` says SERVING for the whole server."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+    except grpc.RpcError:
+        return False
+    return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(dict(data)) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _tail_text(child: _Child) -> str:
+    lines = list(child.tail)[-15:]
+    if not lines:
+        return " (it logged nothing)"
+    return "; its last log lines:\n  " + "\n  ".join(lines)
+
+
+__all__ = ["DEFAULT_NATS_PORT", "Platform"]

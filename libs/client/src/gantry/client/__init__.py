@@ -2,7 +2,8 @@
 
 ::
 
-    from gantry.client import AuditClient, Filter, emit
+    from gantry.client import AuditClient, Filter
+    from gantry.client.emit import emit
 
 The ``gantry`` command line lives in :mod:`gantry.client.cli`, the demo in
 :mod:`gantry.client.demo`. Names are imported on first use, so that an entry point can set up
@@ -17,15 +18,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gantry.client.audit import AuditClient, Filter
     from gantry.client.config import ClientSettings
-    from gantry.client.emit import Emitter, connect, emit
+    from gantry.client.emit import Emitter
 
 _LAZY = {
     "AuditClient": "gantry.client.audit",
     "Filter": "gantry.client.audit",
     "ClientSettings": "gantry.client.config",
     "Emitter": "gantry.client.emit",
-    "connect": "gantry.client.emit",
-    "emit": "gantry.client.emit",
 }
 
 
@@ -36,4 +35,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AuditClient", "ClientSettings", "Emitter", "Filter", "connect", "emit"]
+__all__ = ["AuditClient", "ClientSettings", "Emitter", "Filter"]

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
 import typer
@@ -46,10 +46,7 @@ from rich.progress import (
 from rich.table import Table
 from typer.core import TyperGroup
 
-from gantry.client import admin
-from gantry.client.audit import AuditClient, Filter
 from gantry.client.config import ClientSettings
-from gantry.client.emit import build_event, connect
 from gantry.client.errors import RemoteNotFound
 from gantry.core import (
     CommonSettings,
@@ -59,10 +56,16 @@ from gantry.core import (
     InvalidInput,
     load_settings,
 )
-from gantry.events import EventEnvelope
-from gantry.security import TrustStore, parse_ttl
-from gantry.security.treehead import TreeHead
 from gantry.supervisor.platform import DEFAULT_NATS_PORT, Platform
+
+if TYPE_CHECKING:
+    from gantry.client.audit import AuditClient, Filter
+    from gantry.events import EventEnvelope
+    from gantry.security import TrustStore
+    from gantry.security.treehead import TreeHead
+
+# Modules that import gantry.events are imported inside the commands, after main() has set up
+# logging: the event library binds its loggers to the logging set-up of import time.
 
 EXIT_ERROR = 2
 EXIT_FAILED = 1
@@ -155,11 +158,15 @@ def _settings(
 
 @contextlib.contextmanager
 def _audit_client(settings: ClientSettings) -> Iterator[AuditClient]:
+    from gantry.client.audit import AuditClient
+
     with AuditClient(settings.address("audit"), settings.bearer()) as client:
         yield client
 
 
 def _trust(settings: ClientSettings) -> TrustStore:
+    from gantry.client import admin
+
     ring = admin.keyring(settings.data_dir)
     trust = ring.trust()
     if len(trust) == 0:
@@ -304,6 +311,8 @@ def _print_where(out: Console, platform: Platform) -> None:
 @admin_app.command("init")
 def admin_init(ctx: typer.Context, data_dir: DataDirOpt = None) -> None:
     """Create the key directory (kept if it exists) and write a fresh admin token."""
+    from gantry.client import admin
+
     settings = _settings(ctx, data_dir)
     result = admin.init(settings.data_dir)
     out = _state(ctx).out
@@ -323,6 +332,9 @@ def token_create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Issue a token and print it."""
+    from gantry.client import admin
+    from gantry.security import parse_ttl
+
     settings = _settings(ctx, data_dir)
     print(admin.create_token(settings.data_dir, user, list(role), parse_ttl(ttl)))
 
@@ -335,6 +347,8 @@ def service_account_create(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Create a signing key and a 'service' token for an outside service."""
+    from gantry.client import admin
+
     settings = _settings(ctx, data_dir)
     token, key_path = admin.create_service_account(settings.data_dir, name, ttl=ttl)
     print(f"signing key: {key_path}")
@@ -368,6 +382,8 @@ def events_emit(
     data_dir: DataDirOpt = None,
 ) -> None:
     """Publish one signed event."""
+    from gantry.client.emit import build_event
+
     settings = _settings(ctx, data_dir)
     try:
         payload = json.loads(data)
@@ -394,6 +410,8 @@ def events_emit(
 async def _publish(
     event: EventEnvelope, *, url: str | None, data_dir: Path, key: Path | None
 ) -> Any:
+    from gantry.client.emit import connect
+
     async with await connect(
         source=event.source, actor=event.actor, url=url, data_dir=data_dir, key_path=key
     ) as emitter:
@@ -455,6 +473,8 @@ def _filter(
     since: str | None,
     until: str | None,
 ) -> Filter:
+    from gantry.client.audit import Filter
+
     since_ms, until_ms = _window(since, until)
     return Filter(
         actors=tuple(actors or ()),
@@ -728,6 +748,8 @@ def _check_history(
 
 
 def _load_head(path: Path) -> TreeHead | None:
+    from gantry.security.treehead import TreeHead
+
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         return TreeHead(

@@ -22,17 +22,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gantry.client.admin import create_service_account, create_token, keyring
-from gantry.client.audit import AuditClient, Filter
 from gantry.client.cli import access_table, configure_cli_logging
-from gantry.client.emit import connect
 from gantry.client.errors import RemoteNotFound
 from gantry.core import (
     CommonSettings,
@@ -42,8 +39,13 @@ from gantry.core import (
     load_settings,
     new_id,
 )
-from gantry.security.treehead import TreeHead
 from gantry.supervisor.platform import Platform
+
+if TYPE_CHECKING:
+    from gantry.client.audit import AuditClient
+    from gantry.security.treehead import TreeHead
+
+# Modules that import gantry.events are imported where used, after main() set up logging.
 
 EVENT_TYPE = "gantry.data.accessed"
 ACTORS = ("alice", "bob", "carol", "dave", "erin", "frank")
@@ -98,6 +100,8 @@ def _poll(what: str, probe: Callable[[], T | None], timeout_s: float) -> T:
 async def _emit_events(
     url: str, key_path: Path, count: int, run_id: str, console: Console
 ) -> list[str]:
+    from gantry.client.emit import connect
+
     rng = random.Random(20260131)
     async with await connect(
         source=SERVICE_ACCOUNT, actor="svc-feature-store", url=url, key_path=key_path
@@ -144,6 +148,9 @@ def run(
     steps: _Steps | None = None,
 ) -> Summary:
     """Run the demo against a platform it starts in ``data_dir``; raise GantryError on failure."""
+    from gantry.client.admin import create_service_account, create_token
+    from gantry.client.audit import AuditClient
+
     console = console or Console()
     steps = steps or _Steps(console)
     started = time.monotonic()
@@ -182,6 +189,9 @@ def _audit(
     summary: Summary,
     console: Console,
 ) -> Summary:
+    from gantry.client.admin import keyring
+    from gantry.client.audit import Filter
+
     flt = Filter(types=[EVENT_TYPE], correlation_id=run_id)
 
     def logged() -> list[int] | None:

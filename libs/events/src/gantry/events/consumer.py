@@ -113,30 +113,51 @@ class ConsumerRunner:
         )
 
     async def run(self) -> None:
-        """Fetch and handle batches until stopped; connection trouble is waited out."""
-        while not self._stopping.is_set():
-            try:
-                if self._sub is None:
-                    self._sub = await self._subscribe()
-                msgs = await self._sub.fetch(
-                    self.spec.batch_size, timeout=self.spec.fetch_timeout_s
-                )
-            except (FetchTimeoutError, nats.errors.TimeoutError, TimeoutError):
-                continue
-            except (
-                nats.errors.ConnectionClosedError,
-                nats.errors.ConnectionReconnectingError,
-                nats.errors.NoRespondersError,
-                ServiceUnavailableError,
-                APIError,
-                OSError,
-            ) as exc:
-                if self._bus.nc.is_closed:
-                    return
+        """Fetch and handle batches until stopped; connection trouble is waited out.
+
+        Batches are pipelined: while batch N is handled (e.g. committed by a database thread),
+        batch N+1 is fetched and checked. Handling stays in order, one batch at a time.
+        """
+        in_hand: asyncio.Task[None] | None = None
+        try:
+            while not self._stopping.is_set():
+                msgs = await self._fetch()
+                if msgs is None:
+                    if self._bus.nc.is_closed:
+                        return
+                    continue
+                good = await self._check_all(msgs)
+                if in_hand is not None:
+                    await in_hand
+                    in_hand = None
+                if good:
+                    in_hand = asyncio.create_task(self._handle(good))
+        finally:
+            if in_hand is not None:
+                await in_hand
+
+    async def _fetch(self) -> list[Msg] | None:
+        """One batch, or None when there was nothing (or the connection is down)."""
+        try:
+            if self._sub is None:
+                self._sub = await self._subscribe()
+            return list(
+                await self._sub.fetch(self.spec.batch_size, timeout=self.spec.fetch_timeout_s)
+            )
+        except (FetchTimeoutError, nats.errors.TimeoutError, TimeoutError):
+            return None
+        except (
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.NoRespondersError,
+            ServiceUnavailableError,
+            APIError,
+            OSError,
+        ) as exc:
+            if not self._bus.nc.is_closed:
                 _log.warning("fetch failed; retrying", consumer=self.spec.durable, error=repr(exc))
                 await self._sleep(0.5)
-                continue
-            await self.process(msgs)
+            return None
 
     def stop(self) -> None:
         """Ask the runner to finish the batch in hand and return."""
@@ -147,15 +168,23 @@ class ConsumerRunner:
             await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
     async def process(self, msgs: Sequence[Msg]) -> None:
-        """Check, handle and settle one fetched batch."""
+        """Check, handle and settle one fetched batch (without pipelining)."""
+        good = await self._check_all(msgs)
+        if good:
+            await self._handle(good)
+
+    async def _check_all(self, msgs: Sequence[Msg]) -> list[Delivery]:
+        """The deliveries that pass every check; the others are dead-lettered now."""
         good: list[Delivery] = []
         for msg in msgs:
             try:
                 good.append(self._check(msg))
             except PermanentError as exc:
                 await self._dead_letter(msg, str(exc))
-        if not good:
-            return
+        return good
+
+    async def _handle(self, good: list[Delivery]) -> None:
+        """Hand a checked batch to the handler; ack it, or settle each failure."""
         try:
             await self._handler(good)
         except Exception as exc:

@@ -11,6 +11,7 @@ Typical service wiring::
     )
 """
 
+from gantry.security.decisions import EventDecisionSink
 from gantry.security.interceptor import (
     PUBLIC_METHOD_PREFIXES,
     AuthInterceptor,
@@ -26,10 +27,12 @@ from gantry.security.keys import (
     load_or_create_signing_key,
     write_public_key,
 )
+from gantry.security.keyring import DirectoryTrustStore, Keyring, load_or_create_secret
 from gantry.security.policy import Policy, Rule
 from gantry.security.principal import ANONYMOUS, Principal, PrincipalKind
 from gantry.security.rbac import Authorizer, Decision, default_policy
 from gantry.security.tokens import MAX_TTL, TokenIssuer, TokenVerifier, parse_ttl
+from gantry.security.treehead import TreeHead, check_consistency, check_inclusion
 
 __all__ = [
     "ANONYMOUS",
@@ -39,6 +42,9 @@ __all__ = [
     "Authorizer",
     "Decision",
     "DecisionSink",
+    "DirectoryTrustStore",
+    "EventDecisionSink",
+    "Keyring",
     "MemoryDecisionSink",
     "MethodRule",
     "Policy",
@@ -48,10 +54,14 @@ __all__ = [
     "SigningKey",
     "TokenIssuer",
     "TokenVerifier",
+    "TreeHead",
     "TrustStore",
+    "check_consistency",
+    "check_inclusion",
     "current_principal",
     "default_policy",
     "key_fingerprint",
+    "load_or_create_secret",
     "load_or_create_signing_key",
     "parse_ttl",
     "write_public_key",

@@ -33,17 +33,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import emit_result, median, percentile  # noqa: E402
+from _common import emit_result, median, percentile
 
-from gantry.audit.app import AuditService  # noqa: E402
-from gantry.audit.ledger import Ledger  # noqa: E402
-from gantry.audit.settings import AuditOptions, AuditSettings  # noqa: E402
-from gantry.audit.store import Store, connect, migrate  # noqa: E402
-from gantry.core import NatsSettings, configure_logging  # noqa: E402
-from gantry.events import Bus, EventEnvelope, Publisher  # noqa: E402
-from gantry.security import Authorizer, Policy, SigningKey  # noqa: E402
-from gantry.security.keyring import Keyring  # noqa: E402
-from gantry.supervisor import NatsServer  # noqa: E402
+from gantry.audit.app import AuditService
+from gantry.audit.ledger import Ledger
+from gantry.audit.settings import AuditOptions, AuditSettings
+from gantry.audit.store import Store, connect, migrate
+from gantry.core import NatsSettings, configure_logging
+from gantry.events import Bus, EventEnvelope, Publisher
+from gantry.security import Authorizer, Policy, SigningKey
+from gantry.security.keyring import Keyring
+from gantry.supervisor import NatsServer
 
 DATASETS = [f"ds{i:03d}" for i in range(100)]
 
@@ -69,7 +69,9 @@ def make_events(n: int, *, start_ms: int, span_ms: int) -> list[EventEnvelope]:
     ]
 
 
-async def ingest(n: int, work: Path, *, signed: bool = True, profiler: Any = None) -> dict[str, float]:
+async def ingest(
+    n: int, work: Path, *, signed: bool = True, profiler: Any = None
+) -> dict[str, float]:
     """raw_publish_per_s and events_per_s for ``n`` events through a real nats-server."""
     server = NatsServer(work / "nats").start()
     try:
@@ -227,7 +229,9 @@ def rbac(users: int, roles: int, samples: int, casbin_samples: int) -> dict[str,
         casbin_us.append((clock() - t) / 1000)
         disagree += theirs != decide(user, (), action, kind).allowed
     if disagree:
-        raise SystemExit(f"the two RBAC engines disagree on {disagree} of {casbin_samples} requests")
+        raise SystemExit(
+            f"the two RBAC engines disagree on {disagree} of {casbin_samples} requests"
+        )
     p50, casbin_p50 = median(ours_us), median(casbin_us)
     return {
         "rbac_users": users,
@@ -255,7 +259,9 @@ def main() -> int:
         print(f"access reports over {report_n} events ...", flush=True)
         figures.update(reports_and_proofs(report_n, work, samples=200 if args.quick else 500))
     print("rbac: 10,000 users, 1,000 roles vs PyCasbin ...", flush=True)
-    figures.update(rbac(10_000, 1_000, 20_000 if args.quick else 100_000, 100 if args.quick else 300))
+    figures.update(
+        rbac(10_000, 1_000, 20_000 if args.quick else 100_000, 100 if args.quick else 300)
+    )
     figures["targets_met"] = {
         "events_per_s>=10000": figures["events_per_s"] >= 10_000,  # type: ignore[operator]
         "ratio_vs_raw>=0.5": figures["ratio_vs_raw"] >= 0.5,  # type: ignore[operator]

@@ -248,7 +248,9 @@ async def test_outbox_relay_publishes_committed_rows_only(bus: Bus, tmp_path: ob
 
 async def test_emitter_signs_and_checks(nats_url: str) -> None:
     key = SigningKey.generate("shop")
-    async with await Emitter.connect(nats_url, source="shop", actor="svc-shop", signer=key) as em:
+    async with await Emitter.connect(
+        nats_url, source="shop", actor="svc-shop", signer=key, ensure_streams=True
+    ) as em:
         ack = await em.emit("ext.shop.sale", {"amount": 3}, subject="order/1")
         assert ack.stream == "EXTERNAL"
         with pytest.raises(InvalidInput):

@@ -123,9 +123,10 @@ def test_seq_is_contiguous_and_rows_carry_hash_seal_and_facets(env: Env) -> None
         assert r.decision == e.data["decision"]
     # the seal binds the position: the same leaf at another index has another seal
     assert seal_of(env.seal_key, 1, bytes(rows[0].leaf_hash)) != bytes(rows[0].seal)
-    assert env.ledger.tree.root() == MerkleTree.from_leaf_hashes(
-        leaf_hash(e.canonical_bytes()) for e in evs
-    ).root()
+    assert (
+        env.ledger.tree.root()
+        == MerkleTree.from_leaf_hashes(leaf_hash(e.canonical_bytes()) for e in evs).root()
+    )
 
 
 def test_checkpoint_signs_the_merkle_root_and_stores_it(env: Env) -> None:
@@ -192,7 +193,9 @@ def test_inclusion_proofs_verify(env: Env) -> None:
         assert verify_inclusion(leaf, index, head.tree_size, path, head.root_hash)
         check_inclusion(head, env.trust, leaf_hash=leaf, index=index, proof=path)
         # a proof for one leaf does not prove another
-        assert not verify_inclusion(leaf_hash(b"forged"), index, head.tree_size, path, head.root_hash)
+        assert not verify_inclusion(
+            leaf_hash(b"forged"), index, head.tree_size, path, head.root_hash
+        )
     index, path, leaf, _, head = env.ledger.inclusion(event_id=evs[42].id, tree_size=100)
     assert (index, head.tree_size) == (42, 100)
     assert verify_inclusion(leaf, 42, 100, path, env.ledger.tree_head(100).root_hash)

@@ -76,7 +76,7 @@ async def test_exports_jsonl_and_csv(audit: Running) -> None:
 async def test_proofs_check_out_locally(audit: Running) -> None:
     ids = await emit_reads(audit, 120)
     await wait_for(lambda: audit.service.ledger.last_checkpoint_size >= 120)
-    trust = audit.keyring.trust()
+    trust = audit.keyring.tree_head_trust()
     with audit.client() as client:
         index, raw, head = await asyncio.to_thread(
             lambda: client.prove_inclusion(trust, event_id=ids[77])

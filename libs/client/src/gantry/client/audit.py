@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import orjson
 
 from gantry.client.errors import from_rpc_error
 from gantry.core import IntegrityError
@@ -139,6 +140,12 @@ class AuditClient:
         )
         resp = self._call("GetInclusionProof", req)
         head = head_from_pb(resp.tree_head)
+        if index is not None and resp.index != index:
+            raise IntegrityError(f"asked for index {index}, the server proved {resp.index}")
+        if event_id is not None:
+            proven = orjson.loads(resp.event_json).get("id")
+            if proven != event_id:
+                raise IntegrityError(f"asked for event {event_id}, the server proved {proven}")
         if leaf_hash(resp.event_json) != resp.leaf_hash:
             raise IntegrityError(f"event bytes of index {resp.index} do not match their leaf hash")
         check_inclusion(
@@ -155,6 +162,11 @@ class AuditClient:
             pb.ConsistencyProofRequest(first_size=first_size, second_size=second_size),
         )
         first, second = head_from_pb(resp.first), head_from_pb(resp.second)
+        if first.tree_size != first_size or (second_size and second.tree_size != second_size):
+            raise IntegrityError(
+                f"asked for sizes {first_size}..{second_size or 'latest'}, the server answered "
+                f"{first.tree_size}..{second.tree_size}"
+            )
         check_consistency(first, second, trust, list(resp.path))
         return first, second
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import structlog
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     FileSizeColumn,
     Progress,
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 2
 EXIT_FAILED = 1
+#: The key id of the audit service's signing key (``keys/trusted/svc-audit.pub``).
+AUDIT_KEY_ID = "svc-audit"
 
 
 # ---------------------------------------------------------------------- plumbing
@@ -79,8 +82,8 @@ class State:
     """What every command receives: the settings loaded once, and the consoles."""
 
     settings: ClientSettings
-    out: Console = field(default_factory=Console)
-    err: Console = field(default_factory=lambda: Console(stderr=True))
+    out: Console = field(default_factory=lambda: Console(soft_wrap=True))
+    err: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
 
 
 def print_error(exc: GantryError) -> None:
@@ -164,17 +167,23 @@ def _audit_client(settings: ClientSettings) -> Iterator[AuditClient]:
         yield client
 
 
-def _trust(settings: ClientSettings) -> TrustStore:
+def audit_trust(settings: ClientSettings) -> TrustStore:
+    """The audit service's public key alone, from ``<data-dir>/keys/trusted/svc-audit.pub``.
+
+    Tree heads are checked against this key only: the trusted directory also holds keys of
+    service accounts, whose holders must not be able to sign a head the CLI accepts.
+    """
     from gantry.client import admin
+    from gantry.security import TrustStore
 
     ring = admin.keyring(settings.data_dir)
-    trust = ring.trust()
-    if len(trust) == 0:
+    raw = ring.trust().public_key_bytes(AUDIT_KEY_ID)
+    if raw is None:
         raise ConfigError(
-            f"no trusted public keys in {ring.trusted_dir}",
-            hint="copy the audit service's svc-audit.pub there from the platform's data dir",
+            f"the audit service's public key {AUDIT_KEY_ID}.pub is not in {ring.trusted_dir}",
+            hint="copy keys/trusted/svc-audit.pub there from the platform's data directory",
         )
-    return trust
+    return TrustStore({AUDIT_KEY_ID: raw})
 
 
 DataDirOpt = Annotated[
@@ -262,7 +271,7 @@ def up(
     def _interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
         platform.start()
@@ -278,20 +287,22 @@ def up(
         state.err.print("stopping Gantry…")
     finally:
         # A second Ctrl-C must not interrupt the orderly shutdown.
-        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         try:
             platform.stop()
         finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     if code:
         raise typer.Exit(code)
     state.err.print("Gantry stopped.")
 
 
 def _print_where(out: Console, platform: Platform) -> None:
-    table = Table(title=f"Gantry is up — data dir {platform.data_dir}", show_header=False)
+    table = Table(
+        title=f"Gantry is up — data dir {escape(str(platform.data_dir))}", show_header=False
+    )
     table.add_column("what", style="bold")
     table.add_column("where")
     table.add_row("NATS", platform.nats_url)
@@ -300,7 +311,7 @@ def _print_where(out: Console, platform: Platform) -> None:
         table.add_row(f"{name} gRPC", str(info.get("grpc", "")))
         if info.get("metrics"):
             table.add_row(f"{name} metrics", str(info["metrics"]))
-    table.add_row("admin token", str(platform.data_dir / "admin.token"))
+    table.add_row("admin token", escape(str(platform.data_dir / "admin.token")))
     out.print(table)
     out.print("Press Ctrl-C to stop.")
 
@@ -317,8 +328,11 @@ def admin_init(ctx: typer.Context, data_dir: DataDirOpt = None) -> None:
     result = admin.init(settings.data_dir)
     out = _state(ctx).out
     verb = "created" if result.created_keys else "kept existing"
-    out.print(f"{verb} keys in {result.keys_dir} (token-signing key id {result.issuer_kid})")
-    out.print(f"admin token written to {result.token_path} (mode 0600, valid 12h)")
+    out.print(
+        f"{verb} keys in {result.keys_dir} (token-signing key id {result.issuer_kid})",
+        markup=False,
+    )
+    out.print(f"admin token written to {result.token_path} (mode 0600, valid 12h)", markup=False)
 
 
 @token_app.command("create")
@@ -398,12 +412,14 @@ def events_emit(
     if key is None:
         _state(ctx).err.print(
             f"warning: no signing key for {source!r}; the event is unsigned and the audit "
-            "service will refuse it (create one: gantry admin service-account create)"
+            "service will refuse it (create one: gantry admin service-account create)",
+            markup=False,
         )
     ack = asyncio.run(_publish(event, url=url, data_dir=settings.data_dir, key=key))
     duplicate = " (duplicate, stored once)" if getattr(ack, "duplicate", False) else ""
     _state(ctx).out.print(
-        f"published {event.type} id={event.id} stream={ack.stream} seq={ack.seq}{duplicate}"
+        f"published {event.type} id={event.id} stream={ack.stream} seq={ack.seq}{duplicate}",
+        markup=False,
     )
 
 
@@ -505,7 +521,7 @@ def _record_json(r: Any) -> dict[str, Any]:
 
 
 def _decision_text(decision: str) -> str:
-    return {"allow": "[green]allow[/]", "deny": "[red]deny[/]"}.get(decision, decision)
+    return {"allow": "[green]allow[/]", "deny": "[red]deny[/]"}.get(decision, escape(decision))
 
 
 @audit_app.command("query")
@@ -546,12 +562,12 @@ def audit_query(
             table.add_row(
                 str(r.index),
                 _fmt_ms(r.time_ms),
-                r.type,
-                r.actor,
-                r.resource,
-                r.action,
+                escape(r.type),
+                escape(r.actor),
+                escape(r.resource),
+                escape(r.action),
                 _decision_text(r.decision),
-                r.event_id,
+                escape(r.event_id),
             )
         state.out.print(table)
     if more:
@@ -659,17 +675,17 @@ def audit_report(
 
 def access_table(report: Any) -> Table:
     """A rich table of an access report (actor, action, allowed, denied, first, last)."""
-    table = Table(title=f"Access to {report.resource} — {report.total:,} accesses")
+    table = Table(title=f"Access to {escape(report.resource)} — {report.total:,} accesses")
     table.add_column("actor")
     table.add_column("action")
     table.add_column("allowed", justify="right", style="green")
     table.add_column("denied", justify="right", style="red")
-    table.add_column("first (UTC)", no_wrap=True)
-    table.add_column("last (UTC)", no_wrap=True)
+    table.add_column("first (UTC)")
+    table.add_column("last (UTC)")
     for r in report.rows:
         table.add_row(
-            r.actor,
-            r.action,
+            escape(r.actor),
+            escape(r.action),
             f"{r.allowed:,}",
             f"{r.denied:,}",
             _fmt_ms(r.first_ms),
@@ -701,7 +717,7 @@ def audit_verify(ctx: typer.Context, data_dir: DataDirOpt = None, token: TokenOp
             f"[green]OK[/]: the server recomputed {report.events_checked:,} events and "
             f"{report.checkpoints_checked:,} signed checkpoints"
         )
-        trust = _trust(settings)
+        trust = audit_trust(settings)
         try:
             latest = client.checkpoint()
         except RemoteNotFound:
@@ -710,13 +726,17 @@ def audit_verify(ctx: typer.Context, data_dir: DataDirOpt = None, token: TokenOp
         store = settings.data_dir / "cli" / "last_head.json"
         try:
             latest.check_signature(trust)
-            seen = _load_head(store)
+        except IntegrityError as exc:
+            out.print(f"[red]FAILED[/]: {escape(exc.message)}")
+            raise typer.Exit(EXIT_FAILED) from None
+        seen = _load_head(store)
+        try:
             message = _check_history(client, trust, seen, latest)
         except IntegrityError as exc:
-            out.print(f"[red]FAILED[/]: history rewritten: {exc.message}")
+            out.print(f"[red]FAILED[/]: history rewritten: {escape(exc.message)}")
             raise typer.Exit(EXIT_FAILED) from None
     out.print(
-        f"[green]OK[/]: checkpoint of size {latest.tree_size:,} signed by {latest.key_id} "
+        f"[green]OK[/]: checkpoint of size {latest.tree_size:,} signed by {escape(latest.key_id)} "
         f"at {_iso_ms(latest.timestamp_ms)}; {message}"
     )
     _save_head(store, latest)
@@ -792,21 +812,22 @@ def audit_proof(
     """Prove that an event is in the signed log, checking the proof locally."""
     settings = _settings(ctx, data_dir, token)
     out = _state(ctx).out
-    trust = _trust(settings)
+    trust = audit_trust(settings)
     with _audit_client(settings) as client:
         try:
             index, raw, head = client.prove_inclusion(trust, event_id=event_id)
         except IntegrityError as exc:
-            out.print(f"[red]FAILED[/]: {exc.message}")
+            out.print(f"[red]FAILED[/]: {escape(exc.message)}")
             raise typer.Exit(EXIT_FAILED) from None
     event = json.loads(raw)
     if event.get("id") != event_id:
-        out.print(f"[red]FAILED[/]: the proven entry {index} is event {event.get('id')!r}")
+        found = escape(repr(event.get("id")))
+        out.print(f"[red]FAILED[/]: the proven entry {index} is event {found}")
         raise typer.Exit(EXIT_FAILED)
     out.print(
-        f"[green]OK[/]: event {event_id} ({event.get('type')}) is entry {index:,} of the log "
-        f"of size {head.tree_size:,}, root {head.root_hash.hex()[:16]}…, signed by "
-        f"{head.key_id} at {_iso_ms(head.timestamp_ms)}"
+        f"[green]OK[/]: event {escape(event_id)} ({escape(str(event.get('type')))}) is entry "
+        f"{index:,} of the log of size {head.tree_size:,}, root {head.root_hash.hex()[:16]}…, "
+        f"signed by {escape(head.key_id)} at {_iso_ms(head.timestamp_ms)}"
     )
 
 
@@ -850,6 +871,23 @@ def main(argv: list[str] | None = None) -> int:
         print(exc.code, file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+__all__ = [
+    "AUDIT_KEY_ID",
+    "EXIT_ERROR",
+    "EXIT_FAILED",
+    "DecisionChoice",
+    "ExportFormat",
+    "State",
+    "access_table",
+    "app",
+    "audit_trust",
+    "configure_cli_logging",
+    "main",
+    "parse_time",
+    "print_error",
+]
 
 
 if __name__ == "__main__":

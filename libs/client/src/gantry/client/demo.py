@@ -304,5 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+__all__ = ["Summary", "main", "run"]
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,11 +24,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 from nats.js.api import PubAck
 from pydantic import ValidationError
 
-from gantry.core import CommonSettings, ConfigError, InvalidInput, load_settings
-from gantry.events import Emitter, EventEnvelope, validate_event
+from gantry.core import (
+    CommonSettings,
+    ConfigError,
+    InvalidInput,
+    NatsSettings,
+    Unavailable,
+    load_settings,
+)
+from gantry.events import Bus, Emitter, EventEnvelope, Publisher, validate_event
 from gantry.security import SigningKey, load_or_create_signing_key
 
 
@@ -68,12 +76,28 @@ async def connect(
     data_dir: Path | None = None,
     key_path: Path | None = None,
     kid: str | None = None,
+    connect_timeout_s: float = 5.0,
 ) -> Emitter:
-    """A connected :class:`Emitter` (close it, or use it as ``async with``)."""
+    """A connected :class:`Emitter` (close it, or use it as ``async with``).
+
+    Raises :class:`gantry.core.Unavailable` when no NATS server answers within
+    ``connect_timeout_s``.
+    """
     signer = load_service_key(key_path, kid) if key_path is not None else None
-    return await Emitter.connect(
-        resolve_nats_url(url, data_dir), source=source, actor=actor, signer=signer
-    )
+    settings = NatsSettings(url=resolve_nats_url(url, data_dir), initial_wait_s=connect_timeout_s)
+    bus = await Bus.connect(settings, name=source)
+    try:
+        await bus.ensure_streams()
+    except (TimeoutError, nats.errors.Error) as exc:
+        await bus.close()
+        raise Unavailable(
+            f"JetStream at {settings.url} did not set up the event streams: {exc!r}",
+            hint="check that the platform is running ('gantry up')",
+        ) from None
+    except BaseException:
+        await bus.close()
+        raise
+    return Emitter(bus, Publisher(bus, signer=signer), source=source, actor=actor)
 
 
 def build_event(

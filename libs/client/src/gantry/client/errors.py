@@ -10,7 +10,6 @@ from gantry.core import (
     GantryError,
     IntegrityError,
     InvalidInput,
-    PermissionDenied,
     Unauthenticated,
     Unavailable,
 )
@@ -20,6 +19,12 @@ class RemoteNotFound(GantryError):
     """The server said the resource does not exist."""
 
     grpc_code = "NOT_FOUND"
+
+
+class RemotePermissionDenied(GantryError):
+    """The server's policy refused the call (the message says which rule and why)."""
+
+    grpc_code = "PERMISSION_DENIED"
 
 
 _BY_CODE: dict[grpc.StatusCode, type[GantryError]] = {
@@ -38,9 +43,7 @@ def from_rpc_error(exc: grpc.RpcError, *, service: str, address: str) -> GantryE
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     detail = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.PERMISSION_DENIED:
-        err: GantryError = GantryError(detail or "permission denied")
-        err.grpc_code = "PERMISSION_DENIED"
-        return err
+        return RemotePermissionDenied(detail or "permission denied")
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(
             f"the {service} service at {address} is unreachable: {detail}",
@@ -50,4 +53,4 @@ def from_rpc_error(exc: grpc.RpcError, *, service: str, address: str) -> GantryE
     return cls(detail or code.name)
 
 
-__all__ = ["PermissionDenied", "RemoteNotFound", "from_rpc_error"]
+__all__ = ["RemoteNotFound", "RemotePermissionDenied", "from_rpc_error"]

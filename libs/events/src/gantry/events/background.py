@@ -26,6 +26,7 @@ class BackgroundPublisher:
         self._queue: asyncio.Queue[EventEnvelope] = asyncio.Queue(max_queue)
         self._task: asyncio.Task[None] | None = None
         self.published = 0
+        self.refused = 0
 
     def submit(self, event: EventEnvelope) -> None:
         """Queue ``event``; raise :class:`Unavailable` if the queue is full."""
@@ -48,11 +49,21 @@ class BackgroundPublisher:
             while True:
                 try:
                     await self._publisher.publish(event)
+                    self.published += 1
                     break
                 except GantryError as exc:
+                    if not exc.temporary:
+                        # a bad event can never be published: say so loudly, keep the rest going
+                        self.refused += 1
+                        _log.error(
+                            "event refused; not published",
+                            event_id=event.id,
+                            type=event.type,
+                            error=str(exc),
+                        )
+                        break
                     _log.warning("background publish failed; retrying", error=str(exc))
                     await asyncio.sleep(1.0)
-            self.published += 1
             self._queue.task_done()
 
     async def drain(self, timeout_s: float = 10.0) -> None:

@@ -23,6 +23,7 @@ class Bus:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
+        self._closing = [False]
 
     @classmethod
     async def connect(cls, settings: NatsSettings, *, name: str) -> Bus:
@@ -32,13 +33,15 @@ class Bus:
             _log.warning("nats error", error=str(exc))
 
         async def _disconnected() -> None:
-            _log.warning("nats disconnected")
+            if not closing[0]:
+                _log.warning("nats disconnected")
 
         async def _reconnected() -> None:
             _log.info(
                 "nats reconnected", url=str(nc.connected_url.netloc if nc.connected_url else "")
             )
 
+        closing = [False]
         options: dict[str, Any] = {
             "servers": [u.strip() for u in settings.url.split(",") if u.strip()],
             "name": name,
@@ -62,7 +65,9 @@ class Bus:
                 f"{type(exc).__name__} {exc}",
                 hint="start the platform with 'gantry up' or set GANTRY_NATS__URL",
             ) from None
-        return cls(nc, settings)
+        bus = cls(nc, settings)
+        bus._closing = closing
+        return bus
 
     async def ensure_streams(self, streams: tuple[StreamDef, ...] = STREAMS) -> None:
         """Create each stream, or update it to the definition if it exists (idempotent)."""
@@ -93,6 +98,7 @@ class Bus:
         """
         if self.nc.is_closed:
             return
+        self._closing[0] = True
         try:
             await self.nc.flush(timeout=2)
         except (TimeoutError, nats.errors.Error) as exc:

@@ -31,6 +31,11 @@ _log = get_logger("gantry.events.consumer")
 
 DEAD_REASON_HEADER = "Gantry-Dead-Reason"
 
+#: Events whose source starts with this come from platform services, and must be signed by
+#: a platform service key (key ids starting with PLATFORM_KID_PREFIX).
+PLATFORM_SOURCE_PREFIX = "gantry/"
+PLATFORM_KID_PREFIX = "svc-"
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -42,6 +47,7 @@ class Delivery:
     stream_seq: int
     num_delivered: int
     msg: Msg
+    signer: str | None = None
 
 
 BatchHandler = Callable[[Sequence[Delivery]], Awaitable[None]]
@@ -218,8 +224,18 @@ class ConsumerRunner:
             validate_event(event)
         except InvalidInput as exc:
             raise PermanentError(str(exc)) from None
+        signer = None
         if self._verifier is not None:
-            check_signature(self._verifier, (msg.headers or {}).get(SIGNATURE_HEADER), msg.data)
+            signer = check_signature(
+                self._verifier, (msg.headers or {}).get(SIGNATURE_HEADER), msg.data
+            )
+            if event.source.startswith(PLATFORM_SOURCE_PREFIX) and not signer.startswith(
+                PLATFORM_KID_PREFIX
+            ):
+                raise PermanentError(
+                    f"event claims the platform source {event.source!r} but is signed by "
+                    f"{signer!r}; only platform service keys ({PLATFORM_KID_PREFIX}*) may"
+                )
         return Delivery(
             event=event,
             canonical=event.canonical_bytes(),
@@ -227,6 +243,7 @@ class ConsumerRunner:
             stream_seq=meta.sequence.stream,
             num_delivered=meta.num_delivered,
             msg=msg,
+            signer=signer,
         )
 
     async def _settle_failure(self, delivery: Delivery, exc: BaseException) -> None:

@@ -36,10 +36,16 @@ class Emitter:
         source: str,
         actor: str,
         signer: EventSigner | None = None,
-        ensure_streams: bool = True,
+        user: str | None = None,
+        password: str | None = None,
+        ensure_streams: bool = False,
     ) -> Emitter:
-        """Connect to the Gantry event bus at ``url``."""
-        bus = await Bus.connect(NatsSettings(url=url), name=source)
+        """Connect to the Gantry event bus at ``url`` (as NATS ``user``, on clusters).
+
+        The platform creates the streams; ``ensure_streams`` is for tests and tools that start
+        their own NATS server.
+        """
+        bus = await Bus.connect(NatsSettings(url=url, user=user, password=password), name=source)
         if ensure_streams:
             await bus.ensure_streams()
         return cls(bus, Publisher(bus, signer=signer), source=source, actor=actor)

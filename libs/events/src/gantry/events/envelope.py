@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gantry.core import InvalidInput, new_id, utc
+from gantry.core import InvalidInput, is_uuid, new_id, utc
 
 TYPE_PATTERN = re.compile(r"^(gantry|ext)(\.[a-z][a-z0-9_-]*){2,4}$")
 
@@ -25,8 +25,10 @@ class EventEnvelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     specversion: Literal["1.0"] = "1.0"
-    id: str = Field(default_factory=new_id, description="UUIDv7; also the Nats-Msg-Id.")
-    type: str = Field(description="e.g. gantry.job.scheduled; also the NATS subject.")
+    id: str = Field(
+        default_factory=new_id, max_length=64, description="A UUID (v7); also the Nats-Msg-Id."
+    )
+    type: str = Field(max_length=128, description="e.g. gantry.job.scheduled; the NATS subject.")
     source: str = Field(min_length=1, max_length=256, description="Producer, e.g. gantry/audit.")
     subject: str | None = Field(default=None, max_length=512, description="Resource id.")
     time: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
@@ -35,6 +37,13 @@ class EventEnvelope(BaseModel):
     causation_id: str | None = Field(default=None, max_length=128)
     schema_version: int = Field(default=1, ge=1)
     data: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not is_uuid(value):
+            raise ValueError("event id must be a canonical lower-case UUID (use UUIDv7)")
+        return value
 
     @field_validator("type")
     @classmethod

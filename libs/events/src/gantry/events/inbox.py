@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects import postgresql, sqlite
 
 
 def inbox_table(metadata: sa.MetaData) -> sa.Table:
@@ -34,19 +34,36 @@ class Inbox:
         self._consumer = consumer
 
     def claim(self, conn: sa.Connection, event_id: str) -> bool:
-        """Record ``event_id`` as handled; False when it already was (skip the work)."""
-        try:
-            with conn.begin_nested():
-                conn.execute(
-                    self._table.insert().values(
-                        consumer=self._consumer,
-                        event_id=event_id,
-                        handled_at=dt.datetime.now(dt.UTC),
-                    )
+        """Record ``event_id`` as handled; False when it already was (skip the work).
+
+        An ``INSERT ... ON CONFLICT DO NOTHING`` rather than a savepoint: it is one statement,
+        and it rolls back with the caller's transaction on every backend.
+        """
+        values = {
+            "consumer": self._consumer,
+            "event_id": event_id,
+            "handled_at": dt.datetime.now(dt.UTC),
+        }
+        dialect = conn.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            stmt = (
+                insert(self._table)
+                .values(**values)
+                .on_conflict_do_nothing()
+                .returning(self._table.c.event_id)
+            )
+            return conn.execute(stmt).first() is not None
+        else:
+            exists = conn.execute(
+                sa.select(self._table.c.event_id).where(
+                    self._table.c.consumer == self._consumer, self._table.c.event_id == event_id
                 )
-        except IntegrityError:
-            return False
-        return True
+            ).first()
+            if exists:
+                return False
+            conn.execute(self._table.insert().values(**values))
+            return True
 
 
 __all__ = ["Inbox", "inbox_table"]

@@ -99,8 +99,14 @@ class OutboxRelay:
             pending = await asyncio.to_thread(self._pending, 200)
             if not pending:
                 return total
-            for _, payload in pending:
-                await self._publisher.publish(EventEnvelope.from_bytes(payload))
+            for row_id, payload in pending:
+                try:
+                    await self._publisher.publish(EventEnvelope.from_bytes(payload))
+                except GantryError as exc:
+                    if exc.temporary:
+                        raise
+                    # it can never leave (e.g. too large): mark it so it does not block the rest
+                    _log.error("outbox event refused; not published", row=row_id, error=str(exc))
             await asyncio.to_thread(self._mark, [i for i, _ in pending])
             total += len(pending)
             self.published += len(pending)

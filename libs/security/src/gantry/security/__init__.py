@@ -20,6 +20,7 @@ from gantry.security.interceptor import (
     MethodRule,
     current_principal,
 )
+from gantry.security.keyring import DirectoryTrustStore, Keyring, load_or_create_secret
 from gantry.security.keys import (
     SigningKey,
     TrustStore,
@@ -27,7 +28,6 @@ from gantry.security.keys import (
     load_or_create_signing_key,
     write_public_key,
 )
-from gantry.security.keyring import DirectoryTrustStore, Keyring, load_or_create_secret
 from gantry.security.policy import Policy, Rule
 from gantry.security.principal import ANONYMOUS, Principal, PrincipalKind
 from gantry.security.rbac import Authorizer, Decision, default_policy

@@ -33,7 +33,7 @@ from typing import IO, Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gantry.core import Conflict, InvalidInput, NotFound, Unavailable
+from gantry.core import ConfigError, Conflict, InvalidInput, NotFound, Unavailable
 from gantry.supervisor.nats_server import NatsServer, port_is_free
 
 DEFAULT_NATS_PORT = 4222
@@ -100,13 +100,14 @@ class Platform:
         self.preferred_nats_port = nats_port
         self.services: tuple[str, ...] = tuple(services)
         self.service_env: dict[str, str] = dict(service_env or {})
-        self._sink = log_sink or _print_line
+        self._sink = log_sink if log_sink is not None else _print_line
         self._sink_lock = threading.Lock()
         self._initializer = initializer
         self._nats: NatsServer | None = None
         self._children: dict[str, _Child] = {}
         self._stopping = threading.Event()
         self._lock_file: IO[bytes] | None = None
+        self._nats_revived = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -161,6 +162,8 @@ class Platform:
         during start-up or is not healthy within ``timeout_s``; everything started so far is
         stopped again first. Raises :class:`Conflict` if another platform uses ``data_dir``.
         """
+        if self._nats is not None:
+            raise Conflict("the platform is already started", hint="call stop() first")
         deadline = time.monotonic() + timeout_s
         self._stopping.clear()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -179,6 +182,7 @@ class Platform:
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop every service (SIGTERM, SIGKILL after ``timeout_s``), then NATS. Idempotent."""
         self._stopping.set()
+        self._nats_revived = 0
         children = list(reversed(self._children.values()))
         for child in children:
             if child.alive:
@@ -186,7 +190,7 @@ class Platform:
                     child.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for child in children:
-            self._reap(child, deadline)
+            self._reap(child, deadline, keep_nats=True)
         self._children.clear()
         if self._nats is not None:
             nats, self._nats = self._nats, None
@@ -218,9 +222,9 @@ class Platform:
         """Block until a child dies or :meth:`stop` is called.
 
         Returns the name of the process that died (``"nats"`` for the server), or None when
-        the platform was stopped.
+        the platform was stopped (or never started).
         """
-        while not self._stopping.is_set():
+        while self._nats is not None and not self._stopping.is_set():
             for name, child in self._children.items():
                 if not child.alive:
                     return name
@@ -284,8 +288,13 @@ class Platform:
         initializer = self._initializer
         if initializer is None:
             # Imported lazily: the admin tooling lives in the client package.
-            from gantry.client.admin import init
-
+            try:
+                from gantry.client.admin import init
+            except ImportError:
+                raise ConfigError(
+                    f"no keys in {self.data_dir / 'keys'} and gantry-client is not installed",
+                    hint="run 'gantry admin init' first, or pass Platform(initializer=...)",
+                ) from None
             initializer = init
         self._log(f"gantry | no keys in {self.data_dir / 'keys'}: running 'gantry admin init'")
         initializer(self.data_dir)
@@ -375,16 +384,39 @@ class Platform:
                 )
             time.sleep(_POLL_S)
 
-    def _reap(self, child: _Child, deadline: float) -> None:
-        try:
-            child.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+    def _reap(self, child: _Child, deadline: float, *, keep_nats: bool = False) -> None:
+        """Wait for ``child`` to exit; SIGKILL it at ``deadline``.
+
+        With ``keep_nats``, a nats-server that died meanwhile is started again, so the child
+        can finish its shutdown (publish its last events). Ctrl-C in a terminal reaches
+        nats-server too, since it runs in the supervisor's process group.
+        """
+        while child.alive and time.monotonic() < deadline:
+            if keep_nats:
+                self._revive_nats()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        if child.alive:
             self._log(f"gantry | {child.name} did not stop in time; killing it")
             with contextlib.suppress(ProcessLookupError):
                 child.proc.kill()
             child.proc.wait()
         if child.reader is not None:
             child.reader.join(5)
+        run_file = self.run_dir / f"{child.name}.json"
+        if _read_json(run_file).get("pid") == child.proc.pid:  # killed: it could not clean up
+            run_file.unlink(missing_ok=True)
+
+    def _revive_nats(self) -> None:
+        nats = self._nats
+        if nats is None or nats.running or self._nats_revived >= 3:
+            return
+        self._nats_revived += 1
+        self._log("gantry | nats-server exited early; restarting it until the services stopped")
+        try:
+            nats.restart(timeout_s=5)
+        except Unavailable as exc:
+            self._log(f"gantry | could not restart nats-server: {exc.message}")
 
 
 def _serving(address: str) -> bool:

@@ -25,14 +25,35 @@ def main(argv: list[str] | None = None) -> int:
 
             asyncio.run(serve(settings))
             return 0
-        from gantry.audit.app import AuditService
-        from gantry.audit.store import migrate
+        import sqlalchemy as sa
 
-        service = AuditService(settings)
-        migrate(service.engine)
+        from gantry.audit.ledger import Ledger
+        from gantry.audit.store import Store, connect, migrate
+        from gantry.core import ConfigError
+        from gantry.security.keyring import Keyring
+
+        engine = connect(settings.database_url)
         if args.command == "migrate":
+            migrate(engine)
             return 0
-        report = service.ledger.verify(service.trust)
+        keyring = Keyring(settings.keys_dir)
+        if not keyring.has_secret("audit-seal"):
+            raise ConfigError(
+                f"no audit seal key under {settings.keys_dir}: this is not an audit data directory",
+                hint="set GANTRY_DATA_DIR to the directory the audit service runs with",
+            )
+        store = Store(engine)
+        if not sa.inspect(engine).has_table("audit_events") or (
+            store.size() == 0 and store.checkpoint() is None
+        ):
+            raise ConfigError(
+                f"the audit log at {settings.database_url} is empty or missing",
+                hint="check GANTRY_DATA_DIR / GANTRY_AUDIT__DATABASE_URL",
+            )
+        ledger = Ledger(
+            store, seal_key=keyring.secret("audit-seal"), signer=keyring.service_key("audit")
+        )
+        report = ledger.verify(keyring.tree_head_trust())
         for p in report.problems:
             print(f"index {p.index}: {p.kind}: {p.detail}")
         print(

@@ -153,19 +153,22 @@ class AuditApi(pb_grpc.AuditServiceServicer):
             await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
             return
         as_csv = request.format == pb.EXPORT_FORMAT_CSV
-        after, total = -1, 0
-        if as_csv:
-            yield pb.ExportChunk(data=(",".join(CSV_COLUMNS) + "\r\n").encode())
-        while True:
-            rows = await asyncio.to_thread(self._ledger.store.query, flt, after, 2000)
-            if not rows:
-                break
-            yield pb.ExportChunk(data=_csv(rows) if as_csv else _jsonl(rows))
-            after = rows[-1].seq
-            total += len(rows)
-        await self._audited(
-            "export", {**flt.as_dict(), "format": "csv" if as_csv else "jsonl"}, total
-        )
+        after, total, done = -1, 0, False
+        try:
+            if as_csv:
+                yield pb.ExportChunk(data=(",".join(CSV_COLUMNS) + "\r\n").encode())
+            while True:
+                rows = await asyncio.to_thread(self._ledger.store.query, flt, after, 2000)
+                if not rows:
+                    break
+                yield pb.ExportChunk(data=_csv(rows) if as_csv else _jsonl(rows))
+                after = rows[-1].seq
+                total += len(rows)
+            done = True
+        finally:
+            # recorded even when the client goes away part-way (then marked incomplete)
+            filters = {**flt.as_dict(), "format": "csv" if as_csv else "jsonl", "complete": done}
+            await asyncio.shield(self._audited("export", filters, total))
 
     @_errors
     async def AccessReport(

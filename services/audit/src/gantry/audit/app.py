@@ -1,8 +1,9 @@
 """Wiring (the top layer): settings → database → NATS → ledger, ingest, gRPC API, metrics.
 
 One :class:`AuditService` is one process. ``run()`` serves until SIGTERM/SIGINT (or
-:meth:`AuditService.stop`), then shuts down in order: stop taking events, finish the batches in
-hand, sign a last checkpoint, flush the outbox and queued decisions, stop gRPC, drain NATS.
+:meth:`AuditService.stop`), then shuts down in order: report NOT_SERVING, stop taking events
+and finish the batches in hand, sign a last checkpoint, stop gRPC (calls in flight get a grace
+period), then flush the outbox and the queued decisions, and close NATS and the database.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class AuditService:
         migrate(self.engine)
         await asyncio.to_thread(self.ledger.open)
         LOG_SIZE.set(self.ledger.size)
+        CHECKPOINT_SIZE.set(self.ledger.last_checkpoint_size)
         bus = await Bus.connect(s.nats, name="gantry-audit")
         await bus.ensure_streams()
         publisher = Publisher(bus, signer=self.key, max_event_bytes=s.audit.max_event_bytes)
@@ -81,10 +83,11 @@ class AuditService:
             verifier=self.trust if s.audit.require_signed_events else None,
             batch_size=s.audit.batch_size,
             max_event_bytes=s.audit.max_event_bytes,
+            own_kid=self.key.kid,
         )
         policy = Policy.from_file(s.audit.policy_file) if s.audit.policy_file else default_policy()
         interceptor = AuthInterceptor(
-            TokenVerifier(self.trust, known_roles=policy.roles),
+            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
             Authorizer(policy),
             METHOD_RULES,
             EventDecisionSink(background, source=SOURCE),
@@ -92,7 +95,7 @@ class AuditService:
         )
         server = grpc.aio.server(interceptors=[interceptor])
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
-            AuditApi(self.ledger, self.trust, on_query=relay.notify), server
+            AuditApi(self.ledger, self.keyring.tree_head_trust(), on_query=relay.notify), server
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -125,13 +128,13 @@ class AuditService:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         ingestor.stop()
         await self._tasks[0]
-        await asyncio.to_thread(self.ledger.checkpoint)
-        relay.stop()
-        await self._tasks[1]
         self._tasks[2].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._tasks[2]
+        await asyncio.to_thread(self.ledger.checkpoint)
         await server.stop(grace=5)
+        relay.stop()
+        await self._tasks[1]
         await background.drain()
         await bus.close()
         http.shutdown()

@@ -40,8 +40,10 @@ class Ingestor:
         batch_size: int,
         max_event_bytes: int,
         streams: Sequence[str] = AUDITED_STREAMS,
+        own_kid: str = "svc-audit",
     ) -> None:
         self._ledger = ledger
+        self._own_kid = own_kid
         self.runners = [
             ConsumerRunner(
                 bus,
@@ -61,7 +63,11 @@ class Ingestor:
             (d.event, d.canonical)
             for d in batch
             # our own signed tree heads are stored as checkpoints already
-            if not (d.event.type == "gantry.audit.checkpoint" and d.event.source == SOURCE)
+            if not (
+                d.event.type == "gantry.audit.checkpoint"
+                and d.event.source == SOURCE
+                and d.signer in (None, self._own_kid)
+            )
         ]
         if not items:
             return

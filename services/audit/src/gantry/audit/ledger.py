@@ -222,7 +222,11 @@ class Ledger:
         return int(row.seq), path, bytes(row.leaf_hash), bytes(row.canonical), head
 
     def consistency(self, first: int, second: int = 0) -> tuple[list[bytes], TreeHead, TreeHead]:
-        """A consistency proof between two signed tree heads."""
+        """A consistency proof between two signed tree heads (``second`` 0 = the latest)."""
+        if first <= 0:
+            raise InvalidInput(
+                f"first_size must be the size of a signed checkpoint (> 0), not {first}"
+            )
         a = self.tree_head(first)
         b = self.tree_head(second)
         if a.tree_size > b.tree_size:
@@ -235,39 +239,43 @@ class Ledger:
         heads = {int(r.tree_size): r for r in self.store.all_checkpoints()}
         stream = StreamingRoot()
         expected = 0
-        bad_seal: dict[int, bytes] = {}
+        bad_seal: dict[int, tuple[bytes, bytes]] = {}
+        checked: set[int] = set()
         for seq, canonical, stored_leaf, seal in self.store.iter_rows(
             ["seq", "canonical", "leaf_hash", "seal"]
         ):
             seq = int(seq)
-            if seq != expected and len(report.problems) < max_problems:
+            if seq != expected:
                 report.problems.append(
                     Problem(expected, "deleted", f"events {expected}..{seq - 1} are missing")
                 )
-            leaf = leaf_hash(bytes(canonical))
-            if leaf != bytes(stored_leaf):
+            leaf = leaf_hash(_as_bytes(canonical))
+            if leaf != _as_bytes(stored_leaf):
                 report.problems.append(
                     Problem(seq, "altered", "event bytes do not match their leaf hash")
                 )
-            elif not hmac.compare_digest(seal_of(self._seal_key, seq, leaf), bytes(seal)):
-                bad_seal[seq] = leaf
+            elif not hmac.compare_digest(seal_of(self._seal_key, seq, leaf), _as_bytes(seal)):
+                bad_seal[seq] = (leaf, _as_bytes(seal))
             stream.add(leaf)
             expected = seq + 1
             report.events_checked += 1
-            head = heads.get(expected)
+            head = heads.get(stream.size)
             if head is not None:
+                checked.add(stream.size)
                 self._check_head(head, stream.root(), trust, report)
         self._classify_seals(bad_seal, report)
         for size, head in heads.items():
-            if size > expected:
-                report.problems.append(
-                    Problem(
-                        expected,
-                        "deleted",
-                        f"a checkpoint covers {size} events but only {expected} are stored",
-                    )
+            if size in checked:
+                continue
+            report.problems.append(
+                Problem(
+                    min(size, expected),
+                    "deleted" if size > stream.size else "checkpoint",
+                    f"the signed checkpoint of size {size} cannot be recomputed: only "
+                    f"{stream.size} events are stored",
                 )
-                self._check_head(head, None, trust, report)
+            )
+            self._check_head(head, None, trust, report)
         report.problems.sort(key=lambda p: p.index)
         del report.problems[max_problems:]
         if heads:
@@ -307,17 +315,15 @@ class Ledger:
                 )
             )
 
-    def _classify_seals(self, bad: dict[int, bytes], report: VerifyReport) -> None:
+    def _classify_seals(self, bad: dict[int, tuple[bytes, bytes]], report: VerifyReport) -> None:
         """A row whose seal fits another bad position was moved there: reordered."""
-        for seq, leaf in bad.items():
+        for seq, (leaf, stored_seal) in bad.items():
             home = next(
                 (
                     other
                     for other in bad
                     if other != seq
-                    and hmac.compare_digest(
-                        seal_of(self._seal_key, other, leaf), self._stored_seal(seq)
-                    )
+                    and hmac.compare_digest(seal_of(self._seal_key, other, leaf), stored_seal)
                 ),
                 None,
             )
@@ -330,9 +336,12 @@ class Ledger:
                     Problem(seq, "altered", "row does not carry the seal of its position")
                 )
 
-    def _stored_seal(self, seq: int) -> bytes:
-        row = self.store.row(index=seq)
-        return bytes(row.seal) if row is not None else b""
+
+def _as_bytes(value: object) -> bytes:
+    """A stored blob as bytes (a tampered row may hold text or NULL instead)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return b"" if value is None else str(value).encode()
 
 
 def _b64(data: bytes) -> str:

@@ -7,6 +7,8 @@ Figures (the LAST line printed is the JSON object, also written to
 bench/results/audit_ingest.json):
 
 - raw_publish_per_s: signed events published to JetStream and acked, no consumer.
+- events_per_s_unsigned / ratio_vs_raw_unsigned: the same with the audit's event-signature
+  check off (require_signed_events=false), to show what Ed25519 verification costs.
 - events_per_s: the same number of events, already in the streams, appended durably into the
   audit log by a real audit service (durable pull consumers, SQLite WAL with full fsync, ack
   after commit); ratio_vs_raw = events_per_s / raw_publish_per_s, same run.
@@ -254,8 +256,12 @@ def main() -> int:
     figures: dict[str, object] = {"benchmark": "audit_ingest", "quick": args.quick}
     with tempfile.TemporaryDirectory(prefix="gantry-bench-") as tmp:
         work = Path(tmp)
-        print(f"ingest: {ingest_n} events through nats-server ...", flush=True)
-        figures.update(asyncio.run(ingest(ingest_n, work)))
+        print(f"ingest: {ingest_n} signed events through nats-server ...", flush=True)
+        figures.update(asyncio.run(ingest(ingest_n, work / "signed")))
+        print("ingest again with signature checks off (NATS credentials only) ...", flush=True)
+        unsigned = asyncio.run(ingest(ingest_n, work / "unsigned", signed=False))
+        figures["events_per_s_unsigned"] = unsigned["events_per_s"]
+        figures["ratio_vs_raw_unsigned"] = unsigned["ratio_vs_raw"]
         print(f"access reports over {report_n} events ...", flush=True)
         figures.update(reports_and_proofs(report_n, work, samples=200 if args.quick else 500))
     print("rbac: 10,000 users, 1,000 roles vs PyCasbin ...", flush=True)

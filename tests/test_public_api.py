@@ -22,7 +22,7 @@ PUBLIC = {
         "DEAD_LETTER_PREFIX", "DEAD_REASON_HEADER", "DEFAULT_MAX_EVENT_BYTES", "DataAccessed",
         "Delivery", "Emitter", "EventData", "EventEnvelope", "EventSigner", "EventSpec",
         "EventTooLarge", "EventVerifier", "HandlerError", "Inbox", "Outbox", "OutboxRelay",
-        "PermanentError", "Publisher", "SIGNATURE_HEADER", "STREAMS", "StreamDef",
+        "PermanentError", "Publisher", "SIGNATURE_HEADER", "STREAMS", "SignaturePool", "StreamDef",
         "TemporaryError", "canonical_json", "catalog", "inbox_table", "is_temporary", "lookup",
         "outbox_table", "register", "stream_for_type", "validate_event",
     ],

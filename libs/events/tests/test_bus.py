@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -22,6 +23,7 @@ from gantry.events import (
     OutboxRelay,
     PermanentError,
     Publisher,
+    SignaturePool,
     TemporaryError,
     outbox_table,
 )
@@ -105,11 +107,19 @@ async def test_consume_ack_and_resume_without_repeats(bus: Bus) -> None:
     assert sorted(seen) == list(range(60)), "acked events must not come back"
 
 
-async def test_bad_events_are_dead_lettered_and_consumer_keeps_going(bus: Bus) -> None:
+@pytest.mark.parametrize("in_workers", [False, True], ids=["inline", "signature-pool"])
+async def test_bad_events_are_dead_lettered_and_consumer_keeps_going(
+    bus: Bus, in_workers: bool
+) -> None:
     pub = Publisher(bus)
     key, other = SigningKey.generate("k1"), SigningKey.generate("k2")
     trust = TrustStore()
     trust.add("k1", key.public_key_bytes())
+    pool = (
+        SignaturePool(functools.partial(TrustStore, {"k1": key.public_key_bytes()}))
+        if in_workers
+        else None
+    )
     signed = Publisher(bus, signer=key)
     wrong = Publisher(bus, signer=other)
     await bus.js.publish("ext.t.bad", b"{not json", headers={"Nats-Msg-Id": "m1"})
@@ -125,6 +135,9 @@ async def test_bad_events_are_dead_lettered_and_consumer_keeps_going(bus: Bus) -
     await pub.publish(ext_event(2))  # unsigned
     good = ext_event(3)
     await signed.publish(good)
+    await signed.publish(
+        EventEnvelope(type="ext.test.ping", source="gantry/audit", actor="a", data={"i": 9})
+    )
     tampered = ext_event(4)
     payload, headers = signed.encode(tampered)
     await bus.js.publish("ext.test.ping", payload.replace(b'"i":4', b'"i":5'), headers=headers)
@@ -140,17 +153,20 @@ async def test_bad_events_are_dead_lettered_and_consumer_keeps_going(bus: Bus) -
         handler,
         publisher=pub,
         verifier=trust,
+        signature_pool=pool,
         max_event_bytes=4096,
     )
     runner2 = ConsumerRunner(
         bus, ConsumerSpec(durable="dl", stream="AUTHZ"), handler, publisher=pub, verifier=trust
     )
     t2 = asyncio.create_task(runner2.run())
-    await run_until(runner, lambda: runner.dead_lettered >= 5 and got)
+    await run_until(runner, lambda: runner.dead_lettered >= 6 and got)
     while runner2.dead_lettered < 1:
         await asyncio.sleep(0.05)
     runner2.stop()
     await t2
+    if pool is not None:
+        pool.close()
     assert got == [good.id]
     reasons = " | ".join(r for _, r in await dead_letters(bus, "dl"))
     assert "malformed event envelope" in reasons
@@ -159,6 +175,7 @@ async def test_bad_events_are_dead_lettered_and_consumer_keeps_going(bus: Bus) -
     assert "unknown key id" in reasons or "unknown" in reasons
     assert "not signed" in reasons
     assert "bad signature" in reasons or "bad event signature" in reasons
+    assert "claims the platform source 'gantry/audit'" in reasons
 
 
 async def test_temporary_errors_retry_then_dead_letter(bus: Bus) -> None:

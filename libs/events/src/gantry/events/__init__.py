@@ -33,6 +33,7 @@ from gantry.events.errors import (
 from gantry.events.inbox import Inbox, inbox_table
 from gantry.events.outbox import Outbox, OutboxRelay, outbox_table
 from gantry.events.publisher import DEFAULT_MAX_EVENT_BYTES, Publisher
+from gantry.events.signature_pool import SignaturePool
 from gantry.events.signing import SIGNATURE_HEADER, EventSigner, EventVerifier
 from gantry.events.streams import (
     AUDITED_STREAMS,
@@ -72,6 +73,7 @@ __all__ = [
     "OutboxRelay",
     "PermanentError",
     "Publisher",
+    "SignaturePool",
     "StreamDef",
     "TemporaryError",
     "canonical_json",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,13 @@ from gantry.events.catalog import validate_event
 from gantry.events.envelope import EventEnvelope
 from gantry.events.errors import EventTooLarge, PermanentError, TemporaryError, is_temporary
 from gantry.events.publisher import DEFAULT_MAX_EVENT_BYTES, Publisher
-from gantry.events.signing import SIGNATURE_HEADER, EventVerifier, check_signature
+from gantry.events.signature_pool import SignaturePool
+from gantry.events.signing import (
+    SIGNATURE_HEADER,
+    EventVerifier,
+    check_signature,
+    parse_signature_header,
+)
 from gantry.events.streams import DEAD_LETTER_PREFIX
 
 _log = get_logger("gantry.events.consumer")
@@ -86,13 +93,17 @@ class ConsumerRunner:
         *,
         publisher: Publisher,
         verifier: EventVerifier | None = None,
+        signature_pool: SignaturePool | None = None,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
+        """``signature_pool`` moves signature checks to worker processes (needs ``verifier``
+        too, which names that checks are on)."""
         self._bus = bus
         self.spec = spec
         self._handler = handler
         self._publisher = publisher
         self._verifier = verifier
+        self._pool = signature_pool
         self._max = max_event_bytes
         self._stopping = asyncio.Event()
         self._sub: JetStreamContext.PullSubscription | None = None
@@ -182,12 +193,48 @@ class ConsumerRunner:
     async def _check_all(self, msgs: Sequence[Msg]) -> list[Delivery]:
         """The deliveries that pass every check; the others are dead-lettered now."""
         good: list[Delivery] = []
+        inline = self._pool is None
         for msg in msgs:
             try:
-                good.append(self._check(msg))
+                good.append(self._check(msg, verify=inline))
             except PermanentError as exc:
                 await self._dead_letter(msg, str(exc))
-        return good
+        if inline or self._verifier is None or not good or self._pool is None:
+            return good
+        signed: list[Delivery] = []
+        triples: list[tuple[str, bytes, bytes]] = []
+        for delivery in good:
+            try:
+                kid, signature = parse_signature_header(
+                    (delivery.msg.headers or {}).get(SIGNATURE_HEADER)
+                )
+            except PermanentError as exc:
+                await self._dead_letter(delivery.msg, str(exc))
+                continue
+            signed.append(delivery)
+            triples.append((kid, delivery.msg.data, signature))
+        verdicts = await self._pool.verify_many(triples)
+        out: list[Delivery] = []
+        for delivery, (kid, _, _), problem in zip(signed, triples, verdicts, strict=True):
+            try:
+                if problem is not None:
+                    raise PermanentError(f"bad event signature: {problem}")
+                self._check_signer(delivery.event, kid)
+            except PermanentError as exc:
+                await self._dead_letter(delivery.msg, str(exc))
+                continue
+            out.append(dataclasses.replace(delivery, signer=kid))
+        return out
+
+    @staticmethod
+    def _check_signer(event: EventEnvelope, kid: str) -> None:
+        if event.source.startswith(PLATFORM_SOURCE_PREFIX) and not kid.startswith(
+            PLATFORM_KID_PREFIX
+        ):
+            raise PermanentError(
+                f"event claims the platform source {event.source!r} but is signed by "
+                f"{kid!r}; only platform service keys ({PLATFORM_KID_PREFIX}*) may"
+            )
 
     async def _handle(self, good: list[Delivery]) -> None:
         """Hand a checked batch to the handler; ack it, or settle each failure."""
@@ -211,7 +258,7 @@ class ConsumerRunner:
             await delivery.msg.ack()
         self.handled += len(good)
 
-    def _check(self, msg: Msg) -> Delivery:
+    def _check(self, msg: Msg, *, verify: bool = True) -> Delivery:
         meta = msg.metadata
         if len(msg.data) > self._max:
             raise EventTooLarge(len(msg.data), self._max)
@@ -225,17 +272,11 @@ class ConsumerRunner:
         except InvalidInput as exc:
             raise PermanentError(str(exc)) from None
         signer = None
-        if self._verifier is not None:
+        if verify and self._verifier is not None:
             signer = check_signature(
                 self._verifier, (msg.headers or {}).get(SIGNATURE_HEADER), msg.data
             )
-            if event.source.startswith(PLATFORM_SOURCE_PREFIX) and not signer.startswith(
-                PLATFORM_KID_PREFIX
-            ):
-                raise PermanentError(
-                    f"event claims the platform source {event.source!r} but is signed by "
-                    f"{signer!r}; only platform service keys ({PLATFORM_KID_PREFIX}*) may"
-                )
+            self._check_signer(event, signer)
         return Delivery(
             event=event,
             canonical=event.canonical_bytes(),

@@ -43,6 +43,16 @@ def signature_header(signer: EventSigner, canonical: bytes) -> str:
 
 def check_signature(verifier: EventVerifier, header: str | None, canonical: bytes) -> str:
     """Verify a header value against ``canonical``; return the key id or raise PermanentError."""
+    kid, signature = parse_signature_header(header)
+    try:
+        verifier.verify(kid, canonical, signature)
+    except Exception as exc:
+        raise PermanentError(f"bad event signature: {exc}") from None
+    return kid
+
+
+def parse_signature_header(header: str | None) -> tuple[str, bytes]:
+    """(key id, signature) from a header value, or raise PermanentError saying what is wrong."""
     if not header:
         raise PermanentError(f"event is not signed (no {SIGNATURE_HEADER} header)")
     kid, sep, b64 = header.partition(":")
@@ -52,11 +62,7 @@ def check_signature(verifier: EventVerifier, header: str | None, canonical: byte
         signature = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError):
         raise PermanentError(f"malformed {SIGNATURE_HEADER} header: bad base64") from None
-    try:
-        verifier.verify(kid, canonical, signature)
-    except Exception as exc:
-        raise PermanentError(f"bad event signature: {exc}") from None
-    return kid
+    return kid, signature
 
 
 __all__ = [
@@ -64,5 +70,6 @@ __all__ = [
     "EventSigner",
     "EventVerifier",
     "check_signature",
+    "parse_signature_header",
     "signature_header",
 ]

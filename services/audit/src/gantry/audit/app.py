@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -27,11 +28,11 @@ from gantry.audit.ledger import SOURCE, Ledger
 from gantry.audit.settings import AuditSettings
 from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.core import get_logger
-from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
+from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher, SignaturePool
 from gantry.protos.v1 import audit_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
-from gantry.security.keyring import Keyring
+from gantry.security.keyring import DirectoryTrustStore, Keyring
 
 _log = get_logger("gantry.audit")
 
@@ -76,11 +77,20 @@ class AuditService:
         background = BackgroundPublisher(publisher)
         background.start()
         relay = OutboxRelay(self.engine, outbox, publisher)
+        pool = (
+            SignaturePool(
+                functools.partial(DirectoryTrustStore, self.keyring.trusted_dir),
+                workers=s.audit.signature_workers,
+            )
+            if s.audit.require_signed_events and s.audit.signature_workers
+            else None
+        )
         ingestor = Ingestor(
             bus,
             self.ledger,
             publisher,
             verifier=self.trust if s.audit.require_signed_events else None,
+            signature_pool=pool,
             batch_size=s.audit.batch_size,
             max_event_bytes=s.audit.max_event_bytes,
             own_kid=self.key.kid,
@@ -136,6 +146,8 @@ class AuditService:
         relay.stop()
         await self._tasks[1]
         await background.drain()
+        if pool is not None:
+            await asyncio.to_thread(pool.close)
         await bus.close()
         http.shutdown()
         http.server_close()

@@ -17,6 +17,7 @@ from gantry.events import (
     Delivery,
     EventVerifier,
     Publisher,
+    SignaturePool,
 )
 
 _log = get_logger("gantry.audit.ingest")
@@ -37,6 +38,7 @@ class Ingestor:
         publisher: Publisher,
         *,
         verifier: EventVerifier | None,
+        signature_pool: SignaturePool | None = None,
         batch_size: int,
         max_event_bytes: int,
         streams: Sequence[str] = AUDITED_STREAMS,
@@ -51,6 +53,7 @@ class Ingestor:
                 self.handle,
                 publisher=publisher,
                 verifier=verifier,
+                signature_pool=signature_pool,
                 max_event_bytes=max_event_bytes,
             )
             for stream in streams

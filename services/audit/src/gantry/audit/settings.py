@@ -38,6 +38,13 @@ class AuditOptions(BaseModel):
         default=True,
         description="Dead-letter events without a valid signature from a trusted key (true).",
     )
+    signature_workers: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="Processes that check event signatures in parallel with ingest; 0 checks "
+        "them inline (default 1: Ed25519 verification holds the GIL).",
+    )
     policy_file: Path | None = Field(
         default=None, description="RBAC policy YAML; default: the shipped policy."
     )

@@ -251,7 +251,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     args = parser.parse_args()
     configure_logging("bench", level="WARNING")
-    ingest_n = 20_000 if args.quick else 100_000
+    ingest_n = 10_000 if args.quick else 100_000
     report_n = 100_000 if args.quick else 1_000_000
     figures: dict[str, object] = {"benchmark": "audit_ingest", "quick": args.quick}
     with tempfile.TemporaryDirectory(prefix="gantry-bench-") as tmp:

@@ -164,7 +164,7 @@ def test_service_account_names_are_checked(tmp_path: Path, gantry: Gantry) -> No
     assert bad.code == 2 and "invalid service account name" in bad.err
     ok = gantry("admin", "service-account", "create", "etl", "--data-dir", tmp_path)
     assert ok.code == 0 and "etl.pem" in ok.out
-    assert (tmp_path / "keys" / "trusted" / "svc-etl.pub").exists()
+    assert (tmp_path / "keys" / "trusted" / "sa-etl.pub").exists()
 
 
 # ---------------------------------------------------------------------- events and audit
@@ -197,7 +197,7 @@ def test_emitted_events_are_found_by_query(
 def test_sdk_emit_one_call(platform: Platform, emitted: list[str]) -> None:
     import asyncio
 
-    key = platform.data_dir / "keys" / "services" / "feature-store.pem"
+    key = platform.data_dir / "keys" / "accounts" / "feature-store.pem"
     ack = asyncio.run(
         emit(
             "ext.feature-store.refreshed",

@@ -5,46 +5,31 @@
     <data_dir>/
       admin.token               a platform-admin token (mode 0600), renewed by every init
       keys/issuer.pem           the token-signing key
-      keys/services/<name>.pem  service-account signing keys
+      keys/accounts/<name>.pem  service-account signing keys (key id sa-<name>)
       keys/trusted/<kid>.pub    public keys every Gantry process trusts
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
-import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.core import InvalidInput
 from gantry.security import TokenIssuer, default_policy, parse_ttl
+from gantry.security.bootstrap import (
+    ADMIN_ROLE,
+    DEFAULT_TTL,
+    InitResult,
+    init_data_dir,
+    write_private_text,
+)
 from gantry.security.keyring import Keyring
 
-ADMIN_SUBJECT = "admin"
-ADMIN_ROLE = "platform-admin"
 SERVICE_ROLE = "service"
-DEFAULT_TTL = dt.timedelta(hours=12)
 #: Names of Gantry's own services: an outside service account may not take their keys.
 RESERVED_ACCOUNTS = frozenset({"audit", "gantry", "supervisor"})
 _ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-
-
-@dataclass(frozen=True)
-class InitResult:
-    """What ``init`` did."""
-
-    data_dir: Path
-    keys_dir: Path
-    issuer_kid: str
-    created_keys: bool
-    token_path: Path
-
-    @property
-    def trusted_dir(self) -> Path:
-        """The directory of trusted public keys."""
-        return self.keys_dir / "trusted"
 
 
 def keyring(data_dir: Path) -> Keyring:
@@ -53,19 +38,8 @@ def keyring(data_dir: Path) -> Keyring:
 
 
 def init(data_dir: Path, *, ttl: dt.timedelta = DEFAULT_TTL) -> InitResult:
-    """Create the key directory and write a fresh admin token to ``<data_dir>/admin.token``.
-
-    Idempotent: existing keys are kept; every run issues a new admin token (valid ``ttl``).
-    """
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    ring = keyring(data_dir)
-    created = not ring.issuer_path.exists()
-    issuer = ring.issuer(create=True)
-    token = TokenIssuer(issuer).issue(ADMIN_SUBJECT, [ADMIN_ROLE], ttl)
-    token_path = data_dir / "admin.token"
-    write_private_text(token_path, token + "\n")
-    return InitResult(data_dir, ring.root, issuer.kid, created, token_path)
+    """Create the key directory and a fresh admin token (see gantry.security.bootstrap)."""
+    return init_data_dir(data_dir, ttl=ttl)
 
 
 def create_token(
@@ -104,9 +78,10 @@ def create_service_account(
 ) -> tuple[str, Path]:
     """A signing key and a ``service`` token for the outside service ``name``.
 
-    The key is created on first use (an existing one is kept) and its public half is written
-    to ``keys/trusted/svc-<name>.pub``, so Gantry accepts the events it signs. Returns
-    ``(token, key_path)``.
+    The key (``keys/accounts/<name>.pem``, key id ``sa-<name>``) is created on first use (an
+    existing one is kept) and its public half is written to ``keys/trusted/sa-<name>.pub``, so
+    Gantry accepts the events it signs; an account key can never sign tokens, tree heads or
+    events that claim a platform source. Returns ``(token, key_path)``.
     """
     if not isinstance(name, str) or not _ACCOUNT_NAME.match(name):
         raise InvalidInput(
@@ -120,22 +95,9 @@ def create_service_account(
     lifetime = parse_ttl(ttl) if isinstance(ttl, str) else ttl
     ring = keyring(data_dir)
     issuer = ring.issuer()
-    ring.service_key(name)  # created on first use; its public key becomes trusted
+    ring.account_key(name)  # created on first use; its public key becomes trusted
     token = TokenIssuer(issuer).issue(name, [SERVICE_ROLE], lifetime, kind="service")
-    return token, ring.root / "services" / f"{name}.pem"
-
-
-def write_private_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by its owner only (mode 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    return token, ring.root / "accounts" / f"{name}.pem"
 
 
 __all__ = [

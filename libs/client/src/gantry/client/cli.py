@@ -407,7 +407,7 @@ def events_emit(
         raise InvalidInput('--data must be a JSON object, e.g. \'{"dataset": "customers"}\'')
     event = build_event(type_, payload, source=source, actor=actor, subject=subject)
     if key is None:
-        default_key = settings.data_dir / "keys" / "services" / f"{source}.pem"
+        default_key = settings.data_dir / "keys" / "accounts" / f"{source}.pem"
         key = default_key if default_key.is_file() else None
     if key is None:
         _state(ctx).err.print(

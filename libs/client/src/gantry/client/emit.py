@@ -38,6 +38,7 @@ from gantry.core import (
 )
 from gantry.events import Bus, Emitter, EventEnvelope, Publisher, validate_event
 from gantry.security import SigningKey, load_or_create_signing_key
+from gantry.security.keyring import ACCOUNT_KID_PREFIX, SERVICE_KID_PREFIX
 
 
 def resolve_nats_url(url: str | None = None, data_dir: Path | None = None) -> str:
@@ -56,8 +57,8 @@ def resolve_nats_url(url: str | None = None, data_dir: Path | None = None) -> st
 def load_service_key(key_path: Path, kid: str | None = None) -> SigningKey:
     """Load a service account's signing key (it must exist).
 
-    The key id defaults to ``svc-<file stem>``, the id ``gantry admin service-account create``
-    gives the key ``keys/services/<name>.pem`` (its public key is trusted under that id).
+    The key id defaults to the one the keyring gives the file: ``sa-<stem>`` for service
+    accounts (``keys/accounts/<name>.pem``), ``svc-<stem>`` for platform services.
     """
     path = Path(key_path)
     if not path.is_file():
@@ -65,7 +66,8 @@ def load_service_key(key_path: Path, kid: str | None = None) -> SigningKey:
             f"no signing key at {path}",
             hint="create one with 'gantry admin service-account create NAME'",
         )
-    return load_or_create_signing_key(path, kid=kid or f"svc-{path.stem}")
+    prefix = ACCOUNT_KID_PREFIX if path.parent.name == "accounts" else SERVICE_KID_PREFIX
+    return load_or_create_signing_key(path, kid=kid or f"{prefix}{path.stem}")
 
 
 async def connect(

@@ -45,9 +45,9 @@ def configure_logging(service: str, *, level: str = "INFO", json: bool = True) -
 
 
 def get_logger(name: str | None = None) -> Any:
-    """A structlog logger; ``name`` becomes the ``logger`` field."""
-    log = structlog.get_logger()
-    return log.bind(logger=name) if name else log
+    """A structlog logger; ``name`` becomes the ``component`` field."""
+    # lazy: the logger is built at first use, after configure_logging ran in main()
+    return structlog.get_logger(component=name) if name else structlog.get_logger()
 
 
 __all__ = ["configure_logging", "get_logger"]

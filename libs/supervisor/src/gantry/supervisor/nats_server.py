@@ -98,7 +98,11 @@ class NatsServer:
             "-sd", str(self.store_dir), "-n", self.name, "-l", str(self.log_path),
         ]  # fmt: skip
         self._proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C reaches the supervisor, which stops us last
         )
         deadline = time.monotonic() + timeout_s
         port: int | None = None
@@ -106,8 +110,10 @@ class NatsServer:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
                 tail = self._log_tail(offset)
+                code = self._proc.returncode
+                self.stop()
                 raise Unavailable(
-                    f"nats-server exited with code {self._proc.returncode}: {err or tail}",
+                    f"nats-server exited with code {code}: {err or tail}",
                     hint=f"see {self.log_path}",
                 )
             text = self._log_tail(offset)
@@ -126,14 +132,15 @@ class NatsServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``)."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if proc.stderr:
             proc.stderr.close()
 

@@ -33,7 +33,8 @@ from typing import IO, Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gantry.core import ConfigError, Conflict, InvalidInput, NotFound, Unavailable
+from gantry.core import Conflict, InvalidInput, NotFound, Unavailable
+from gantry.security.bootstrap import init_data_dir
 from gantry.supervisor.nats_server import NatsServer, port_is_free
 
 DEFAULT_NATS_PORT = 4222
@@ -71,7 +72,7 @@ class Platform:
     ``GANTRY_AUDIT__CHECKPOINT_EVERY_S``). ``log_sink`` receives every log line (default: print
     to stdout); it is called from reader threads, one line at a time. ``initializer`` creates
     the key directory and the first admin token when ``<data_dir>/keys/issuer.pem`` is missing
-    (default: :func:`gantry.client.admin.init`).
+    (default: :func:`gantry.security.bootstrap.init_data_dir`).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
@@ -287,15 +288,7 @@ class Platform:
             return
         initializer = self._initializer
         if initializer is None:
-            # Imported lazily: the admin tooling lives in the client package.
-            try:
-                from gantry.client.admin import init
-            except ImportError:
-                raise ConfigError(
-                    f"no keys in {self.data_dir / 'keys'} and gantry-client is not installed",
-                    hint="run 'gantry admin init' first, or pass Platform(initializer=...)",
-                ) from None
-            initializer = init
+            initializer = init_data_dir
         self._log(f"gantry | no keys in {self.data_dir / 'keys'}: running 'gantry admin init'")
         initializer(self.data_dir)
 

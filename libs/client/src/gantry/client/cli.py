@@ -386,7 +386,7 @@ def events_emit(
         Path | None,
         typer.Option(
             "--key",
-            help="Service-account signing key (default: <data-dir>/keys/services/<source>.pem).",
+            help="Service-account signing key (default: <data-dir>/keys/accounts/<source>.pem).",
             show_default=False,
         ),
     ] = None,

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 from nats.js.api import PubAck
 from pydantic import ValidationError
 
@@ -33,7 +32,6 @@ from gantry.core import (
     ConfigError,
     InvalidInput,
     NatsSettings,
-    Unavailable,
     load_settings,
 )
 from gantry.events import Bus, Emitter, EventEnvelope, Publisher, validate_event
@@ -78,6 +76,8 @@ async def connect(
     data_dir: Path | None = None,
     key_path: Path | None = None,
     kid: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
     connect_timeout_s: float = 5.0,
 ) -> Emitter:
     """A connected :class:`Emitter` (close it, or use it as ``async with``).
@@ -86,19 +86,14 @@ async def connect(
     ``connect_timeout_s``.
     """
     signer = load_service_key(key_path, kid) if key_path is not None else None
-    settings = NatsSettings(url=resolve_nats_url(url, data_dir), initial_wait_s=connect_timeout_s)
+    settings = NatsSettings(
+        url=resolve_nats_url(url, data_dir),
+        user=user,
+        password=password,
+        initial_wait_s=connect_timeout_s,
+    )
+    # The platform creates the streams; an outside service on a cluster has no right to.
     bus = await Bus.connect(settings, name=source)
-    try:
-        await bus.ensure_streams()
-    except (TimeoutError, nats.errors.Error) as exc:
-        await bus.close()
-        raise Unavailable(
-            f"JetStream at {settings.url} did not set up the event streams: {exc!r}",
-            hint="check that the platform is running ('gantry up')",
-        ) from None
-    except BaseException:
-        await bus.close()
-        raise
     return Emitter(bus, Publisher(bus, signer=signer), source=source, actor=actor)
 
 

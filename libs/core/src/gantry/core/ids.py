@@ -13,9 +13,9 @@ def new_id() -> str:
 
 
 def is_uuid(value: str) -> bool:
-    """True when ``value`` is a canonical UUID string of any version."""
+    """True when ``value`` is a canonical (lower-case, hyphenated) UUID string of any version."""
     try:
-        return str(uuid.UUID(value)) == value.lower()
+        return str(uuid.UUID(value)) == value
     except (ValueError, AttributeError, TypeError):
         return False
 

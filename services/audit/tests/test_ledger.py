@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from gantry.audit.facets import Facets, facets_of
-from gantry.audit.ledger import SOURCE, Ledger, seal_of
+from gantry.audit.ledger import SEALED_COLUMNS, SOURCE, Ledger, seal_of, sealed_columns
 from gantry.audit.store import Store, checkpoints, connect, events, migrate, outbox
 from gantry.core import InvalidInput, NotFound
 from gantry.events import EventEnvelope
@@ -117,12 +117,15 @@ def test_seq_is_contiguous_and_rows_carry_hash_seal_and_facets(env: Env) -> None
     for r, e in zip(rows, evs, strict=True):
         assert bytes(r.canonical) == e.canonical_bytes()
         assert bytes(r.leaf_hash) == leaf_hash(e.canonical_bytes())
-        assert bytes(r.seal) == seal_of(env.seal_key, r.seq, bytes(r.leaf_hash))
+        cols = sealed_columns([getattr(r, c) for c in SEALED_COLUMNS])
+        assert r.position == r.seq
+        assert bytes(r.seal) == seal_of(env.seal_key, r.seq, bytes(r.leaf_hash), cols)
         assert r.time_ms == int(e.time.timestamp() * 1000)
         assert (r.actor, r.resource, r.action) == (e.actor, "dataset/customers", "read")
         assert r.decision == e.data["decision"]
     # the seal binds the position: the same leaf at another index has another seal
-    assert seal_of(env.seal_key, 1, bytes(rows[0].leaf_hash)) != bytes(rows[0].seal)
+    first = sealed_columns([getattr(rows[0], c) for c in SEALED_COLUMNS])
+    assert seal_of(env.seal_key, 1, bytes(rows[0].leaf_hash), first) != bytes(rows[0].seal)
     assert (
         env.ledger.tree.root()
         == MerkleTree.from_leaf_hashes(leaf_hash(e.canonical_bytes()) for e in evs).root()

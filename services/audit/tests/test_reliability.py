@@ -294,13 +294,6 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     assert final.latest is not None and final.latest.tree_size == final.events_checked
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG events/signature_pool.py SignaturePool: its spawned worker (and the "
-    "multiprocessing resource tracker) never notice the service died, so every SIGKILL/OOM "
-    "kill of the audit service leaves them running forever; the worker initializer should "
-    "exit when multiprocessing.parent_process() dies (or set PR_SET_PDEATHSIG)",
-)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 @pytest.mark.timeout(60)
 async def test_a_killed_service_leaves_no_processes_behind(
@@ -481,12 +474,6 @@ async def test_poisoned_events_are_dead_lettered_with_a_reason(small_audit: Runn
         assert ledger.store.row(event_id=event_id) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG events/consumer.py ConsumerRunner._check: event.canonical_bytes() raises "
-    "TypeError (orjson: 'Integer exceeds 64-bit range') outside the PermanentError handling, "
-    "which kills the stream's runner and the whole ingest task (and later the shutdown)",
-)
 @pytest.mark.timeout(60)
 async def test_an_event_that_cannot_be_canonicalised_does_not_stop_ingest(
     tmp_path: Path, nats_url: str

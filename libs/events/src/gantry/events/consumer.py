@@ -199,6 +199,8 @@ class ConsumerRunner:
                 good.append(self._check(msg, verify=inline))
             except PermanentError as exc:
                 await self._dead_letter(msg, str(exc))
+            except Exception as exc:  # a check must never kill the consumer
+                await self._dead_letter(msg, f"event could not be checked: {exc!r}")
         if inline or self._verifier is None or not good or self._pool is None:
             return good
         signed: list[Delivery] = []
@@ -277,9 +279,13 @@ class ConsumerRunner:
                 self._verifier, (msg.headers or {}).get(SIGNATURE_HEADER), msg.data
             )
             self._check_signer(event, signer)
+        try:
+            canonical = event.canonical_bytes()
+        except (TypeError, ValueError) as exc:
+            raise PermanentError(f"event cannot be written as canonical JSON: {exc}") from None
         return Delivery(
             event=event,
-            canonical=event.canonical_bytes(),
+            canonical=canonical,
             stream=meta.stream,
             stream_seq=meta.sequence.stream,
             num_delivered=meta.num_delivered,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
@@ -20,6 +22,16 @@ _verifier: EventVerifier | None = None
 def _init_worker(factory: Callable[[], EventVerifier]) -> None:
     global _verifier
     _verifier = factory()
+    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
+
+
+def _exit_with_parent() -> None:
+    """End this worker when the service that spawned it dies (even by SIGKILL)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    parent.join()
+    os._exit(0)
 
 
 def _verify_chunk(items: Sequence[tuple[str, bytes, bytes]]) -> list[str | None]:

@@ -22,9 +22,21 @@ _log = get_logger("gantry.audit.ledger")
 SOURCE = "gantry/audit"
 
 
-def seal_of(key: bytes, seq: int, leaf: bytes) -> bytes:
-    """HMAC-SHA256 binding a leaf hash to its position."""
-    return hmac.new(key, seq.to_bytes(8, "big") + leaf, hashlib.sha256).digest()
+#: The indexed columns a row's seal covers (what Query and AccessReport read).
+SEALED_COLUMNS = (
+    "event_id", "type", "source", "actor", "subject", "resource", "action", "decision",
+    "correlation_id", "time_ms",
+)  # fmt: skip
+
+
+def sealed_columns(values: Sequence[object]) -> bytes:
+    """The indexed column values, in :data:`SEALED_COLUMNS` order, as the bytes sealed."""
+    return "\x1f".join("" if v is None else str(v) for v in values).encode()
+
+
+def seal_of(key: bytes, position: int, leaf: bytes, columns: bytes = b"") -> bytes:
+    """HMAC-SHA256 binding a leaf hash and its indexed columns to the leaf's position."""
+    return hmac.new(key, position.to_bytes(8, "big") + leaf + columns, hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,15 @@ class Ledger:
                         "time_ms": int(event.time.timestamp() * 1000),
                         "canonical": canonical,
                         "leaf_hash": leaf,
-                        "seal": seal_of(self._seal_key, seq, leaf),
+                        "position": seq,
                     }
+                )
+                row = rows[-1]
+                row["seal"] = seal_of(
+                    self._seal_key,
+                    seq,
+                    leaf,
+                    sealed_columns([row[c] for c in SEALED_COLUMNS]),
                 )
                 leaves.append(leaf)
                 seq += 1
@@ -239,23 +258,25 @@ class Ledger:
         heads = {int(r.tree_size): r for r in self.store.all_checkpoints()}
         stream = StreamingRoot()
         expected = 0
-        bad_seal: dict[int, tuple[bytes, bytes]] = {}
         checked: set[int] = set()
-        for seq, canonical, stored_leaf, seal in self.store.iter_rows(
-            ["seq", "canonical", "leaf_hash", "seal"]
-        ):
-            seq = int(seq)
-            if seq != expected:
-                report.problems.append(
+        problems = report.problems
+        columns = ["seq", "position", "canonical", "leaf_hash", "seal", *SEALED_COLUMNS]
+        for row in self.store.iter_rows(columns):
+            seq = int(row[0])
+            if seq != expected and len(problems) < max_problems:
+                problems.append(
                     Problem(expected, "deleted", f"events {expected}..{seq - 1} are missing")
                 )
-            leaf = leaf_hash(_as_bytes(canonical))
-            if leaf != _as_bytes(stored_leaf):
-                report.problems.append(
-                    Problem(seq, "altered", "event bytes do not match their leaf hash")
-                )
-            elif not hmac.compare_digest(seal_of(self._seal_key, seq, leaf), _as_bytes(seal)):
-                bad_seal[seq] = (leaf, _as_bytes(seal))
+            leaf = leaf_hash(_as_bytes(row[2]))
+            if leaf != _as_bytes(row[3]):
+                if len(problems) < max_problems:
+                    problems.append(
+                        Problem(seq, "altered", "event bytes do not match their leaf hash")
+                    )
+            else:
+                problem = self._check_seal(seq, row[1], leaf, _as_bytes(row[4]), row[5:])
+                if problem is not None and len(problems) < max_problems:
+                    problems.append(problem)
             stream.add(leaf)
             expected = seq + 1
             report.events_checked += 1
@@ -263,7 +284,6 @@ class Ledger:
             if head is not None:
                 checked.add(stream.size)
                 self._check_head(head, stream.root(), trust, report)
-        self._classify_seals(bad_seal, report)
         for size, head in heads.items():
             if size in checked:
                 continue
@@ -315,26 +335,24 @@ class Ledger:
                 )
             )
 
-    def _classify_seals(self, bad: dict[int, tuple[bytes, bytes]], report: VerifyReport) -> None:
-        """A row whose seal fits another bad position was moved there: reordered."""
-        for seq, (leaf, stored_seal) in bad.items():
-            home = next(
-                (
-                    other
-                    for other in bad
-                    if other != seq
-                    and hmac.compare_digest(seal_of(self._seal_key, other, leaf), stored_seal)
-                ),
-                None,
-            )
-            if home is not None:
-                report.problems.append(
-                    Problem(seq, "reordered", f"this event belongs at index {home}")
-                )
-            else:
-                report.problems.append(
-                    Problem(seq, "altered", "row does not carry the seal of its position")
-                )
+    def _check_seal(
+        self, seq: int, position: object, leaf: bytes, seal: bytes, columns: Sequence[object]
+    ) -> Problem | None:
+        """None when the row carries the seal of its place, else what is wrong with it."""
+        sealed = sealed_columns(columns)
+        if hmac.compare_digest(seal_of(self._seal_key, seq, leaf, sealed), seal):
+            if position == seq:
+                return None
+            return Problem(seq, "altered", f"the row's position column says {position}")
+        if (
+            isinstance(position, int)
+            and position != seq
+            and hmac.compare_digest(seal_of(self._seal_key, position, leaf, sealed), seal)
+        ):
+            return Problem(seq, "reordered", f"this event belongs at index {position}")
+        return Problem(
+            seq, "altered", "the row does not carry its seal (event or indexed columns changed)"
+        )
 
 
 def _as_bytes(value: object) -> bytes:

@@ -37,6 +37,7 @@ events = sa.Table(
     sa.Column("time_ms", sa.BigInteger, nullable=False),
     sa.Column("canonical", sa.LargeBinary, nullable=False),
     sa.Column("leaf_hash", sa.LargeBinary(32), nullable=False),
+    sa.Column("position", sa.BigInteger, nullable=False),
     sa.Column("seal", sa.LargeBinary(32), nullable=False),
     sa.Index("ix_audit_resource_time", "resource", "time_ms"),
     sa.Index("ix_audit_actor_time", "actor", "time_ms"),

@@ -190,6 +190,8 @@ def service_env(data_dir: Path, nats_url: str) -> dict[str, str]:
         "GANTRY_AUDIT__METRICS_PORT": "0",
         "GANTRY_AUDIT__CHECKPOINT_EVERY_EVENTS": "500",
         "GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.5",
+        # events fetched but not acked when the service died come back after this
+        "GANTRY_AUDIT__ACK_WAIT_S": "5",
         "GANTRY_LOG_JSON": "false",
     }
 

@@ -92,6 +92,7 @@ class AuditService:
             verifier=self.trust if s.audit.require_signed_events else None,
             signature_pool=pool,
             batch_size=s.audit.batch_size,
+            ack_wait_s=s.audit.ack_wait_s,
             max_event_bytes=s.audit.max_event_bytes,
             own_kid=self.key.kid,
         )

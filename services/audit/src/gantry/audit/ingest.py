@@ -40,6 +40,7 @@ class Ingestor:
         verifier: EventVerifier | None,
         signature_pool: SignaturePool | None = None,
         batch_size: int,
+        ack_wait_s: float = 30.0,
         max_event_bytes: int,
         streams: Sequence[str] = AUDITED_STREAMS,
         own_kid: str = "svc-audit",
@@ -49,7 +50,9 @@ class Ingestor:
         self.runners = [
             ConsumerRunner(
                 bus,
-                ConsumerSpec(durable=DURABLE, stream=stream, batch_size=batch_size),
+                ConsumerSpec(
+                    durable=DURABLE, stream=stream, batch_size=batch_size, ack_wait_s=ack_wait_s
+                ),
                 self.handle,
                 publisher=publisher,
                 verifier=verifier,

@@ -31,6 +31,12 @@ class AuditOptions(BaseModel):
     batch_size: int = Field(
         default=500, ge=1, le=10_000, description="Events fetched and appended per transaction."
     )
+    ack_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds JetStream waits for an ack before redelivering (30 s): after a "
+        "crash, events fetched but not yet stored come back this long after the restart.",
+    )
     max_event_bytes: int = Field(
         default=256 * 1024, ge=1024, description="Larger events are dead-lettered (256 KiB)."
     )

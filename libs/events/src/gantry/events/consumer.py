@@ -50,11 +50,23 @@ class Delivery:
 
     event: EventEnvelope
     canonical: bytes
-    stream: str
-    stream_seq: int
-    num_delivered: int
     msg: Msg
     signer: str | None = None
+
+    @property
+    def stream(self) -> str:
+        """The stream it came from."""
+        return str(self.msg.metadata.stream)
+
+    @property
+    def stream_seq(self) -> int:
+        """Its sequence number in the stream."""
+        return int(self.msg.metadata.sequence.stream)
+
+    @property
+    def num_delivered(self) -> int:
+        """How many times JetStream has delivered it (1 the first time)."""
+        return int(self.msg.metadata.num_delivered)
 
 
 BatchHandler = Callable[[Sequence[Delivery]], Awaitable[None]]
@@ -261,7 +273,6 @@ class ConsumerRunner:
         self.handled += len(good)
 
     def _check(self, msg: Msg, *, verify: bool = True) -> Delivery:
-        meta = msg.metadata
         if len(msg.data) > self._max:
             raise EventTooLarge(len(msg.data), self._max)
         try:
@@ -286,9 +297,6 @@ class ConsumerRunner:
         return Delivery(
             event=event,
             canonical=canonical,
-            stream=meta.stream,
-            stream_seq=meta.sequence.stream,
-            num_delivered=meta.num_delivered,
             msg=msg,
             signer=signer,
         )

@@ -45,11 +45,12 @@ class AuditOptions(BaseModel):
         description="Dead-letter events without a valid signature from a trusted key (true).",
     )
     signature_workers: int = Field(
-        default=1,
+        default=0,
         ge=0,
         le=64,
-        description="Processes that check event signatures in parallel with ingest; 0 checks "
-        "them inline (default 1: Ed25519 verification holds the GIL).",
+        description="Processes that check event signatures beside ingest (Ed25519 verification "
+        "holds the GIL); 0 (default) checks them inline, which measured faster on 2 cores "
+        "(bench/audit_ingest.py); use 1-4 on machines with cores to spare.",
     )
     policy_file: Path | None = Field(
         default=None, description="RBAC policy YAML; default: the shipped policy."

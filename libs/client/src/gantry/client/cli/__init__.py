@@ -1,0 +1,99 @@
+"""The ``gantry`` command line: run the platform, administer it, emit events, audit.
+
+::
+
+    gantry up [--data-dir .gantry] [--nats-port 4222]
+    gantry admin init | token create | service-account create
+    gantry events emit TYPE --data '{...}' --source S --actor A
+    gantry audit query | export | report | verify | proof
+
+Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``) are loaded once in
+:func:`main` and handed to every command; ``--data-dir`` and ``--token`` override them. Every
+error Gantry raises on purpose is printed as ``gantry: error: <message>`` with exit status 2.
+
+This module holds the root app and the entry point; each command group lives in a module of its
+own (``_up``, ``_admin``, ``_events``, ``_audit``, ``_audit_verify``) and what they share in
+``_common``. The names in ``__all__`` are the package's public surface.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gantry.client.cli._admin import admin_app
+from gantry.client.cli._audit import DecisionChoice, ExportFormat, access_table, audit_app
+from gantry.client.cli._common import (
+    AUDIT_KEY_ID,
+    EXIT_ERROR,
+    EXIT_FAILED,
+    GantryGroup,
+    State,
+    audit_trust,
+    configure_cli_logging,
+    parse_time,
+    print_error,
+)
+from gantry.client.cli._events import events_app
+from gantry.client.cli._up import up
+from gantry.client.config import ClientSettings
+from gantry.core import GantryError, load_settings
+
+app = typer.Typer(
+    cls=GantryGroup,
+    name="gantry",
+    help="Gantry: run the platform, administer it, emit events and audit what happened.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("up")(up)
+app.add_typer(admin_app, name="admin")
+app.add_typer(events_app, name="events")
+app.add_typer(audit_app, name="audit")
+
+
+@app.callback()
+def _root(ctx: typer.Context) -> None:
+    """Gantry: run the platform, administer it, emit events and audit what happened."""
+    if not isinstance(ctx.obj, State):  # invoked without main(), e.g. by a test runner
+        settings = load_settings(ClientSettings)
+        configure_cli_logging(settings)
+        ctx.obj = State(settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``gantry`` console script: load settings once, run the command, return its status."""
+    try:
+        settings = load_settings(ClientSettings)
+    except GantryError as exc:
+        print_error(exc)
+        return EXIT_ERROR
+    configure_cli_logging(settings)
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="gantry", standalone_mode=True, obj=State(settings))
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+__all__ = [
+    "AUDIT_KEY_ID",
+    "EXIT_ERROR",
+    "EXIT_FAILED",
+    "DecisionChoice",
+    "ExportFormat",
+    "State",
+    "access_table",
+    "app",
+    "audit_trust",
+    "configure_cli_logging",
+    "main",
+    "parse_time",
+    "print_error",
+]

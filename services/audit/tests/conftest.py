@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -66,15 +67,23 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str | None:
     return str(request.getfixturevalue("postgres_url"))
 
 
-@pytest.fixture
-async def audit(tmp_path: Path, nats_url: str, database_url: str | None) -> AsyncIterator[Running]:
-    settings = audit_settings(tmp_path / "data", nats_url, database_url)
+@contextlib.asynccontextmanager
+async def running(settings: AuditSettings) -> AsyncIterator[Running]:
+    """Keys, a started audit service, and a clean stop afterwards."""
     keyring = Keyring(settings.keys_dir)
     issuer = TokenIssuer(keyring.issuer(create=True))
     service, task = await start(settings)
-    yield Running(service, settings, keyring, issuer)
-    service.stop()
-    await asyncio.wait_for(task, 30)
+    try:
+        yield Running(service, settings, keyring, issuer)
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+async def audit(tmp_path: Path, nats_url: str, database_url: str | None) -> AsyncIterator[Running]:
+    async with running(audit_settings(tmp_path / "data", nats_url, database_url)) as r:
+        yield r
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -42,7 +42,7 @@ from gantry.security import SigningKey, TokenIssuer
 from gantry.security.keyring import Keyring
 from gantry.supervisor import NatsServer
 
-from .conftest import Running, audit_settings, start, wait_for
+from .conftest import Running, audit_settings, running, wait_for
 
 DEAD_LETTERS = "gantry.deadletter.audit"
 
@@ -370,12 +370,8 @@ async def small_audit(
     """The audit service with a 2 KiB event size limit."""
     settings = audit_settings(tmp_path / "data", nats_url, database_url)
     settings.audit = settings.audit.model_copy(update={"max_event_bytes": 2048})
-    keyring = Keyring(settings.keys_dir)
-    issuer = TokenIssuer(keyring.issuer(create=True))
-    service, task = await start(settings)
-    yield Running(service, settings, keyring, issuer)
-    service.stop()
-    await asyncio.wait_for(task, 30)
+    async with running(settings) as r:
+        yield r
 
 
 def envelope(type_: str, **data: Any) -> EventEnvelope:

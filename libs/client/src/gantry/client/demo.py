@@ -245,7 +245,8 @@ def _summary_table(summary: Summary) -> Table:
     table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")
     table.add_row(
         "verify",
-        f"OK ({summary.verified_events:,} events, {summary.checkpoints:,} checkpoints)",
+        f"OK ({summary.verified_events:,} events, {summary.checkpoints:,} signed "
+        f"checkpoint{'' if summary.checkpoints == 1 else 's'})",
     )
     table.add_row("inclusion proof", f"OK (entry {summary.proof_index:,})")
     table.add_row("elapsed", f"{summary.elapsed_s:.1f}s")

@@ -11,7 +11,8 @@ from gantry.core import CommonSettings, ConfigError
 
 
 class ClientSettings(CommonSettings):
-    """Client settings: ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``, ``GANTRY_DATA_DIR``."""
+    """Client settings: ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``, ``GANTRY_GOVERNANCE_ADDR``,
+    ``GANTRY_DATA_DIR``."""
 
     token: str | None = Field(
         default=None,
@@ -20,6 +21,11 @@ class ClientSettings(CommonSettings):
     audit_addr: str | None = Field(
         default=None,
         description="host:port of the audit gRPC API; default: from <data_dir>/run/audit.json.",
+    )
+    governance_addr: str | None = Field(
+        default=None,
+        description="host:port of the governance gRPC API; default: from "
+        "<data_dir>/run/governance.json.",
     )
 
     def address(self, service: str) -> str:

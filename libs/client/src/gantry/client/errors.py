@@ -32,6 +32,7 @@ _BY_CODE: dict[grpc.StatusCode, type[GantryError]] = {
     grpc.StatusCode.NOT_FOUND: RemoteNotFound,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.ABORTED: Conflict,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DATA_LOSS: IntegrityError,

@@ -65,6 +65,98 @@ class DataAccessed(EventData):
     rows: int = Field(default=0, ge=0)
     decision: Literal["allow", "deny"] = "allow"
     purpose: str = ""
+    shards: list[str] = Field(default_factory=list, description="shard ids read")
+    grant: str = Field(default="", description="the grant id the read used, if any")
+    job_id: str = Field(default="", description="the job the grant was issued for, if any")
+    policy_version: int = Field(default=0, ge=0, description="view policy applied (0: raw)")
+    reason: str = Field(default="", description="why a read was denied")
+
+
+class DatasetCreated(EventData):
+    """A dataset was registered with its schema and column classifications."""
+
+    dataset: str
+    format: Literal["table", "files"]
+    owner: str
+    columns: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class VersionCommitted(EventData):
+    """An immutable dataset version was committed (a rollback commits a new version too)."""
+
+    dataset: str
+    version: str
+    parents: list[str] = Field(default_factory=list)
+    rows: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    shards: int = Field(ge=0)
+    message: str = ""
+    rollback_of: str = ""
+
+
+class ViewPolicyChanged(EventData):
+    """A dataset's de-identification policy got a new version."""
+
+    dataset: str
+    policy_version: int = Field(ge=1)
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class GrantIssued(EventData):
+    """A short-lived read grant was issued to a job (the token itself is never in events)."""
+
+    grant_id: str
+    job_id: str
+    view: Literal["raw", "deidentified"]
+    versions: list[dict[str, str]] = Field(default_factory=list)
+    expires_ms: int
+
+
+class KeysRotated(EventData):
+    """The object store's key-encryption key was rotated and data keys re-wrapped."""
+
+    active_version: int = Field(ge=1)
+    rewrapped: int = Field(ge=0)
+    retired: list[int] = Field(default_factory=list)
+
+
+class GarbageCollected(EventData):
+    """Unreferenced dataset content was removed."""
+
+    removed_objects: int = Field(ge=0)
+    removed_bytes: int = Field(ge=0)
+    kept_objects: int = Field(ge=0)
+
+
+class ModelRegistered(EventData):
+    """A model version (checkpoint or export) was registered in the model registry."""
+
+    name: str
+    version: int = Field(ge=1)
+    digest: str
+    bytes: int = Field(ge=0)
+    framework: str = ""
+    job_id: str = ""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    trained_on: list[dict[str, str]] = Field(default_factory=list)
+
+
+class DatasetUse(EventData):
+    """One dataset version a job reads, in the view its spec names."""
+
+    dataset: str
+    version: str
+    view: Literal["raw", "deidentified"] = "deidentified"
+
+
+class JobScheduled(EventData):
+    """A job was placed on nodes (the scheduler's decision); governance issues its data grant."""
+
+    job_id: str
+    owner: str = ""
+    owner_roles: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    datasets: list[DatasetUse] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -139,18 +231,55 @@ AUDIT_QUERIED = register(
     "gantry.audit.queried", 1, AuditQueried, "A compliance query against the audit log."
 )
 DATA_ACCESSED = register("gantry.data.accessed", 1, DataAccessed, "A dataset was read.")
+DATASET_CREATED = register(
+    "gantry.data.dataset.created", 1, DatasetCreated, "A dataset was registered."
+)
+VERSION_COMMITTED = register(
+    "gantry.data.version.committed", 1, VersionCommitted, "A dataset version was committed."
+)
+VIEW_POLICY_CHANGED = register(
+    "gantry.data.policy.changed", 1, ViewPolicyChanged, "A view policy got a new version."
+)
+GRANT_ISSUED = register("gantry.data.grant.issued", 1, GrantIssued, "A job got a read grant.")
+KEYS_ROTATED = register(
+    "gantry.data.keys.rotated", 1, KeysRotated, "The storage key-encryption key was rotated."
+)
+GARBAGE_COLLECTED = register(
+    "gantry.data.gc.completed", 1, GarbageCollected, "Unreferenced content was removed."
+)
+MODEL_REGISTERED = register(
+    "gantry.model.registered", 1, ModelRegistered, "A model version was registered."
+)
+JOB_SCHEDULED = register("gantry.job.scheduled", 1, JobScheduled, "A job was placed on nodes.")
 
 __all__ = [
     "AUDIT_CHECKPOINT",
     "AUDIT_QUERIED",
     "AUTHZ_DECISION",
+    "DATASET_CREATED",
     "DATA_ACCESSED",
+    "GARBAGE_COLLECTED",
+    "GRANT_ISSUED",
+    "JOB_SCHEDULED",
+    "KEYS_ROTATED",
+    "MODEL_REGISTERED",
+    "VERSION_COMMITTED",
+    "VIEW_POLICY_CHANGED",
     "AuditCheckpoint",
     "AuditQueried",
     "AuthzDecision",
     "DataAccessed",
+    "DatasetCreated",
+    "DatasetUse",
     "EventData",
     "EventSpec",
+    "GarbageCollected",
+    "GrantIssued",
+    "JobScheduled",
+    "KeysRotated",
+    "ModelRegistered",
+    "VersionCommitted",
+    "ViewPolicyChanged",
     "catalog",
     "lookup",
     "register",

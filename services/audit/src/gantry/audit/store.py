@@ -13,7 +13,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gantry.core import ConfigError, get_logger
+from gantry.core import get_logger
+from gantry.core.database import connect_database, migrate_schema
 from gantry.events import outbox_table
 
 _log = get_logger("gantry.audit.store")
@@ -75,38 +76,13 @@ MIGRATIONS = {1: _migrate_v1}
 
 
 def connect(url: str) -> sa.Engine:
-    """An engine for ``url``; SQLite gets WAL and full fsync so an acked append is durable."""
-    try:
-        engine = sa.create_engine(url, pool_pre_ping=True)
-    except (sa.exc.ArgumentError, ImportError) as exc:
-        raise ConfigError(
-            f"bad database URL {url!r}: {exc}",
-            hint="use sqlite:///path/audit.db or postgresql+psycopg://user@host/db",
-        ) from None
-    if engine.dialect.name == "sqlite":
-
-        @sa.event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.execute("PRAGMA busy_timeout=10000")
-            cur.close()
-
-    return engine
+    """An engine for the audit database at ``url``."""
+    return connect_database(url, example="audit.db")
 
 
 def migrate(engine: sa.Engine) -> int:
     """Bring the schema to :data:`SCHEMA_VERSION`; return the version found before."""
-    with engine.begin() as conn:
-        before = 0
-        if sa.inspect(conn).has_table(schema_version.name):
-            before = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0
-        for version in range(before + 1, SCHEMA_VERSION + 1):
-            MIGRATIONS[version](conn)
-            conn.execute(schema_version.insert().values(version=version))
-            _log.info("schema migrated", version=version)
-    return int(before)
+    return migrate_schema(engine, schema_version, MIGRATIONS)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,193 @@
+"""Wiring (the top layer): settings → keys, database, object store → NATS → gRPC API, metrics.
+
+One :class:`GovernanceService` is one process. ``run()`` serves until SIGTERM/SIGINT (or
+:meth:`GovernanceService.stop`), then shuts down in order: report NOT_SERVING, stop the job
+consumer, stop gRPC (calls in flight get a grace period), flush the outbox and the queued
+decisions, close NATS and the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from gantry.core import get_logger
+from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
+from gantry.governance.access import SERVICE_NAME, Access
+from gantry.governance.api import METHOD_RULES, SERVICE, Domain, GovernanceApi
+from gantry.governance.catalog import Catalog
+from gantry.governance.changes import SOURCE
+from gantry.governance.consumers import JobEvents
+from gantry.governance.grants import Grants
+from gantry.governance.lineage import Lineage
+from gantry.governance.maintenance import Maintenance
+from gantry.governance.registry import Registry
+from gantry.governance.settings import GovernanceSettings
+from gantry.governance.store import connect, migrate, outbox
+from gantry.governance.uploads import Uploads
+from gantry.governance.views import Views
+from gantry.protos.v1 import governance_pb2_grpc
+from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security.decisions import EventDecisionSink
+from gantry.security.keyring import Keyring
+from gantry.storage import open_store
+
+_log = get_logger("gantry.governance")
+
+#: The largest shard an upload may ask for (a shard must fit in a worker's memory at once).
+MAX_SHARD_BYTES = 256 << 20
+
+
+class GovernanceService:
+    """The data-governance service process."""
+
+    def __init__(self, settings: GovernanceSettings) -> None:
+        self.settings = settings
+        self.keyring = Keyring(settings.keys_dir)
+        self.key = self.keyring.service_key(SERVICE_NAME)
+        self.engine = connect(settings.database_url)
+        self.objects = open_store(settings.storage, data_dir=settings.data_dir)
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown."""
+        self._stopping.set()
+
+    def domain(self, authorizer: Authorizer, sink: EventDecisionSink) -> Domain:
+        """The domain objects over this process's database and object store."""
+        g = self.settings.governance
+        catalog = Catalog(self.engine)
+        grants = Grants(catalog, default_ttl_s=g.grant_ttl_s, max_ttl_s=g.max_grant_ttl_s)
+        registry = Registry(self.engine, self.objects)
+        return Domain(
+            catalog=catalog,
+            uploads=Uploads(catalog, self.objects),
+            views=Views(catalog, self.objects, cache_bytes=g.view_cache_bytes),
+            grants=grants,
+            lineage=Lineage(self.engine),
+            registry=registry,
+            maintenance=Maintenance(
+                self.engine,
+                self.objects,
+                registry,
+                upload_ttl_s=g.upload_ttl_s,
+                lock=threading.RLock(),
+            ),
+            access=Access(catalog, grants, authorizer, sink),
+            shard_bytes=g.shard_bytes,
+            max_shard_bytes=MAX_SHARD_BYTES,
+        )
+
+    async def run(self) -> None:
+        """Start everything, serve until stopped, shut down cleanly."""
+        s = self.settings
+        g = s.governance
+        await asyncio.to_thread(migrate, self.engine)
+        bus = await Bus.connect(s.nats, name="gantry-governance")
+        await bus.ensure_streams()
+        publisher = Publisher(bus, signer=self.key)
+        background = BackgroundPublisher(publisher)
+        background.start()
+        relay = OutboxRelay(self.engine, outbox, publisher)
+        policy = Policy.from_file(g.policy_file) if g.policy_file else default_policy()
+        authorizer = Authorizer(policy)
+        sink = EventDecisionSink(background, source=SOURCE)
+        domain = self.domain(authorizer, sink)
+        jobs = JobEvents(bus, domain.grants, publisher, verifier=self.keyring.trust())
+        interceptor = AuthInterceptor(
+            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            authorizer,
+            METHOD_RULES,
+            sink,
+            SERVICE_NAME,
+        )
+        options = [
+            ("grpc.max_receive_message_length", g.max_message_bytes),
+            ("grpc.max_send_message_length", g.max_message_bytes),
+        ]
+        server = grpc.aio.server(interceptors=[interceptor], options=options)
+        governance_pb2_grpc.add_GovernanceServiceServicer_to_server(GovernanceApi(domain), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        self.grpc_port = server.add_insecure_port(f"{g.grpc_host}:{g.grpc_port}")
+        await server.start()
+        http, _thread = start_http_server(g.metrics_port, addr=g.grpc_host)
+        self.metrics_port = http.server_port
+        tasks = [
+            asyncio.create_task(relay.run(), name="outbox"),
+            asyncio.create_task(jobs.run(), name="jobs"),
+        ]
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._write_run_file()
+        _log.info(
+            "governance service ready",
+            grpc=f"{g.grpc_host}:{self.grpc_port}",
+            metrics=self.metrics_port,
+            database=self.engine.url.render_as_string(hide_password=True),
+            storage=s.storage.backend,
+        )
+        await self._stopping.wait()
+
+        _log.info("governance service stopping")
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        jobs.stop()
+        await tasks[1]
+        await server.stop(grace=5)
+        relay.stop()
+        await tasks[0]
+        await background.drain()
+        await bus.close()
+        http.shutdown()
+        http.server_close()
+        self.engine.dispose()
+        self._run_file().unlink(missing_ok=True)
+        _log.info("governance service stopped")
+
+    def _run_file(self) -> Path:
+        return self.settings.data_dir / "run" / f"{SERVICE_NAME}.json"
+
+    def _write_run_file(self) -> None:
+        """Tell the supervisor and the CLI where this process listens."""
+        g = self.settings.governance
+        path = self._run_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "service": SERVICE_NAME,
+                    "pid": os.getpid(),
+                    "grpc": f"{g.grpc_host}:{self.grpc_port}",
+                    "metrics": f"http://{g.grpc_host}:{self.metrics_port}/metrics",
+                }
+            )
+        )
+        os.replace(tmp, path)
+
+
+async def serve(settings: GovernanceSettings) -> None:
+    """Run the service until SIGTERM or SIGINT."""
+    service = GovernanceService(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    await service.run()
+
+
+__all__ = ["MAX_SHARD_BYTES", "GovernanceService", "serve"]

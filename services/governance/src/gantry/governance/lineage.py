@@ -1,0 +1,135 @@
+"""Lineage (domain): dataset version → job → model version, queryable both ways.
+
+Edges are added when a job reads a version through its grant and when a model version is
+registered with the job that produced it (or the versions it was trained on). Node ids are
+``<dataset>@<version>`` for dataset versions, the job id, and ``<model>:<n>`` for models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import sqlalchemy as sa
+
+from gantry.core import InvalidInput
+from gantry.governance import store as db
+
+Kind = Literal["dataset_version", "job", "model_version"]
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One lineage edge."""
+
+    from_kind: str
+    from_id: str
+    to_kind: str
+    to_id: str
+    time_ms: int
+
+
+def dataset_node(dataset: str, version: str) -> str:
+    """The lineage id of a dataset version."""
+    return f"{dataset}@{version}"
+
+
+def model_node(name: str, version: int) -> str:
+    """The lineage id of a model version."""
+    return f"{name}:{version}"
+
+
+def add_edge(
+    conn: sa.Connection, from_kind: Kind, from_id: str, to_kind: Kind, to_id: str, time_ms: int
+) -> None:
+    """Record an edge in ``conn``'s transaction (recording it again changes nothing)."""
+    exists = conn.execute(
+        sa.select(db.lineage.c.time_ms).where(
+            db.lineage.c.from_kind == from_kind,
+            db.lineage.c.from_id == from_id,
+            db.lineage.c.to_kind == to_kind,
+            db.lineage.c.to_id == to_id,
+        )
+    ).first()
+    if exists is None:
+        conn.execute(
+            db.lineage.insert().values(
+                from_kind=from_kind, from_id=from_id, to_kind=to_kind, to_id=to_id, time_ms=time_ms
+            )
+        )
+
+
+class Lineage:
+    """Queries over the lineage graph."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def add(self, from_kind: Kind, from_id: str, to_kind: Kind, to_id: str, time_ms: int) -> None:
+        """Record one edge in its own transaction."""
+        with self.engine.begin() as conn:
+            add_edge(conn, from_kind, from_id, to_kind, to_id, time_ms)
+
+    def query(
+        self,
+        *,
+        dataset: str = "",
+        version: str = "",
+        job_id: str = "",
+        model: str = "",
+        model_version: int = 0,
+    ) -> list[Edge]:
+        """Everything connected to the given node, downstream and upstream, two hops deep.
+
+        A dataset version gives the jobs that read it and the models they produced; a job
+        gives the versions it read and the models it produced; a model version gives the job
+        that produced it and the versions that job read.
+        """
+        given = sum(bool(x) for x in (dataset, job_id, model))
+        if given != 1 or (dataset and not version) or (model and not model_version):
+            raise InvalidInput(
+                "lineage needs exactly one of: a dataset and version, a job id, or a model "
+                "and model version",
+                hint="e.g. --dataset customers --version 3f2a9c, or --job J, or --model m "
+                "--model-version 2",
+            )
+        if dataset:
+            start: tuple[str, str] = ("dataset_version", dataset_node(dataset, version))
+        elif job_id:
+            start = ("job", job_id)
+        else:
+            start = ("model_version", model_node(model, model_version))
+        with self.engine.connect() as conn:
+            edges: dict[tuple[str, str, str, str], Edge] = {}
+            for direction in ("down", "up"):
+                frontier = {start}
+                for _hop in range(2):
+                    found = self._step(conn, frontier, direction)
+                    for e in found:
+                        edges[(e.from_kind, e.from_id, e.to_kind, e.to_id)] = e
+                    frontier = {
+                        (e.to_kind, e.to_id) if direction == "down" else (e.from_kind, e.from_id)
+                        for e in found
+                    }
+                    if not frontier:
+                        break
+        return sorted(edges.values(), key=lambda e: (e.time_ms, e.from_id, e.to_id))
+
+    @staticmethod
+    def _step(conn: sa.Connection, nodes: Iterable[tuple[str, str]], direction: str) -> list[Edge]:
+        t = db.lineage
+        out: list[Edge] = []
+        for kind, node in nodes:
+            if direction == "down":
+                where = sa.and_(t.c.from_kind == kind, t.c.from_id == node)
+            else:
+                where = sa.and_(t.c.to_kind == kind, t.c.to_id == node)
+            out.extend(
+                Edge(r.from_kind, r.from_id, r.to_kind, r.to_id, r.time_ms)
+                for r in conn.execute(sa.select(t).where(where)).all()
+            )
+        return out
+
+
+__all__ = ["Edge", "Kind", "Lineage", "add_edge", "dataset_node", "model_node"]

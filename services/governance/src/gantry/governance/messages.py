@@ -1,0 +1,130 @@
+"""Domain records as protocol messages (the API's vocabulary)."""
+
+from __future__ import annotations
+
+from gantry.governance.catalog import DatasetRecord, VersionRecord, columns_from_json
+from gantry.governance.grants import GrantRecord
+from gantry.governance.lineage import Edge
+from gantry.governance.manifest import ManifestDiff, ShardEntry
+from gantry.governance.registry import ModelRecord
+from gantry.governance.schema import columns_to_pb
+from gantry.governance.views import PolicyRecord
+from gantry.governance.deid import rules_to_pb
+from gantry.protos.v1 import governance_pb2 as pb
+
+
+def dataset_pb(ds: DatasetRecord) -> pb.Dataset:
+    """A dataset record as a message."""
+    columns = (
+        columns_to_pb(ds.columns)
+        if ds.format == "table"
+        else [pb.Column(name="content", type="binary", classification=str(ds.files_classification))]
+    )
+    return pb.Dataset(
+        name=ds.name,
+        owner=ds.owner,
+        format=ds.format,
+        columns=columns,
+        description=ds.description,
+        head=ds.head,
+        created_ms=ds.created_ms,
+        versions=ds.versions,
+        policy_version=ds.policy_version,
+    )
+
+
+def shard_pb(s: ShardEntry) -> pb.Shard:
+    """A manifest entry as a message (the object name stays inside the service)."""
+    return pb.Shard(id=s.id, rows=s.rows, bytes=s.bytes, path=s.path)
+
+
+def version_pb(v: VersionRecord, *, with_shards: bool = True) -> pb.Version:
+    """A version as a message."""
+    m = v.manifest
+    return pb.Version(
+        id=v.id,
+        dataset=m.dataset,
+        parents=list(m.parents),
+        message=m.message,
+        author=m.author,
+        created_ms=m.created_ms,
+        rows=m.rows,
+        bytes=m.bytes,
+        shards=[shard_pb(s) for s in m.shards] if with_shards else [],
+        columns=columns_to_pb(columns_from_json(m.columns)) if m.format == "table" else [],
+        rollback_of=m.rollback_of,
+    )
+
+
+def diff_pb(a: str, b: str, d: ManifestDiff) -> pb.DiffResponse:
+    """A diff as a message."""
+    return pb.DiffResponse(
+        from_version=a,
+        to_version=b,
+        added=[shard_pb(s) for s in d.added],
+        removed=[shard_pb(s) for s in d.removed],
+        rows_added=d.rows_added,
+        rows_removed=d.rows_removed,
+        schema_changes=list(d.schema_changes),
+    )
+
+
+def policy_pb(p: PolicyRecord) -> pb.ViewPolicy:
+    """A policy version as a message."""
+    return pb.ViewPolicy(
+        dataset=p.dataset,
+        version=p.version,
+        rules=rules_to_pb(p.policy.rules),
+        author=p.author,
+        created_ms=p.created_ms,
+    )
+
+
+def grant_pb(g: GrantRecord, token: str = "") -> pb.Grant:
+    """A grant as a message (the token only when it was just issued)."""
+    return pb.Grant(
+        id=g.id,
+        token=token,
+        job_id=g.job_id,
+        versions=[pb.GrantedVersion(dataset=d, version=v) for d, v in g.versions],
+        view=g.view,
+        expires_ms=g.expires_ms,
+        issued_by=g.issued_by,
+    )
+
+
+def edge_pb(e: Edge) -> pb.LineageEdge:
+    """A lineage edge as a message."""
+    return pb.LineageEdge(
+        from_kind=e.from_kind, from_id=e.from_id, to_kind=e.to_kind, to_id=e.to_id, time_ms=e.time_ms
+    )
+
+
+def model_pb(m: ModelRecord) -> pb.ModelVersion:
+    """A model version as a message."""
+    return pb.ModelVersion(
+        name=m.name,
+        version=m.version,
+        digest=m.digest,
+        bytes=m.bytes,
+        framework=m.framework,
+        job_id=m.job_id,
+        metrics=m.metrics,
+        signature_json=m.signature_json,
+        registered_by=m.registered_by,
+        created_ms=m.created_ms,
+        trained_on=[pb.GrantedVersion(dataset=d, version=v) for d, v in m.trained_on],
+        description=m.description,
+    )
+
+
+__all__ = [
+    "dataset_pb",
+    "diff_pb",
+    "edge_pb",
+    "grant_pb",
+    "model_pb",
+    "policy_pb",
+    "shard_pb",
+    "version_pb",
+]

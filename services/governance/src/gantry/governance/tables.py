@@ -1,0 +1,370 @@
+"""Table bytes: Parquet shards, Arrow IPC streams in fragments, and local CSV/Parquet files.
+
+Uploads arrive as fragments of one Arrow IPC stream (:class:`ArrowStreamDecoder` turns them
+back into record batches without holding the whole stream); conformed batches are cut into
+Parquet shards of about ``shard_bytes`` each (:class:`ShardWriter`). Reads go back through
+:func:`shard_to_table` and leave as one IPC stream per shard (:func:`table_to_ipc`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from gantry.core import IntegrityError, InvalidInput, NotFound
+from gantry.governance.schema import ColumnType, DatasetSchema, conform
+
+_CONTINUATION = 0xFFFFFFFF
+_END_OF_STREAM = struct.pack("<Ii", _CONTINUATION, 0)
+_MAX_MESSAGE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One finished shard: a complete Parquet file, its row count and its sha256 (hex)."""
+
+    data: bytes
+    rows: int
+    digest: str
+
+    @classmethod
+    def of(cls, data: bytes, rows: int) -> Shard:
+        """A shard of ``data`` holding ``rows`` rows, its digest computed."""
+        return cls(data=data, rows=rows, digest=hashlib.sha256(data).hexdigest())
+
+
+class ShardWriter:
+    """Cuts a dataset's rows into zstd Parquet shards of about ``shard_bytes`` (in memory) each.
+
+    Rows keep their order across shards: concatenating the shards gives back the rows added.
+    """
+
+    def __init__(self, schema: DatasetSchema, shard_bytes: int) -> None:
+        if shard_bytes <= 0:
+            raise InvalidInput(
+                f"shard size {shard_bytes} is not positive",
+                hint="pass a shard size in bytes, e.g. 67108864 for 64 MiB",
+            )
+        self._schema = schema
+        self._arrow_schema = schema.to_arrow()
+        self._shard_bytes = shard_bytes
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bytes = 0
+
+    def add(self, batch: pa.RecordBatch | pa.Table) -> list[Shard]:
+        """Add rows (checked with :func:`conform`); return the shards this completed, if any."""
+        conformed = conform(batch, self._schema)
+        pieces = conformed.to_batches() if isinstance(conformed, pa.Table) else [conformed]
+        done: list[Shard] = []
+        for piece in pieces:
+            rest = piece
+            while rest.num_rows:
+                room = self._shard_bytes - self._pending_bytes
+                if rest.nbytes < room:
+                    self._pending.append(rest)
+                    self._pending_bytes += rest.nbytes
+                    break
+                # Take about as many rows as fill the shard, at least one so we progress.
+                per_row = max(rest.nbytes / rest.num_rows, 1e-9)
+                take = min(rest.num_rows, max(1, math.ceil(room / per_row)))
+                self._pending.append(rest.slice(0, take))
+                rest = rest.slice(take)
+                done.append(self._flush())
+        return done
+
+    def finish(self) -> list[Shard]:
+        """Flush the remaining rows as a last shard; ``[]`` when none are left."""
+        return [self._flush()] if self._pending else []
+
+    def _flush(self) -> Shard:
+        table = pa.Table.from_batches(self._pending, schema=self._arrow_schema)
+        self._pending = []
+        self._pending_bytes = 0
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        return Shard.of(sink.getvalue().to_pybytes(), table.num_rows)
+
+
+def _body_length(meta: memoryview) -> int:
+    """``bodyLength`` of an IPC ``Message`` flatbuffer (field 3; the header union takes 1 and 2)."""
+    try:
+        (table,) = struct.unpack_from("<I", meta, 0)
+        (vtable_back,) = struct.unpack_from("<i", meta, table)
+        vtable = table - vtable_back
+        if not (0 <= vtable < len(meta) and 0 <= table < len(meta)):
+            raise struct.error("offset out of range")
+        (vtable_size,) = struct.unpack_from("<H", meta, vtable)
+        slot = 4 + 2 * 3
+        if slot + 2 > vtable_size:
+            return 0
+        (field,) = struct.unpack_from("<H", meta, vtable + slot)
+        if field == 0:
+            return 0
+        (length,) = struct.unpack_from("<q", meta, table + field)
+    except struct.error:
+        raise _not_a_stream("a message header is malformed") from None
+    return int(length)
+
+
+def _not_a_stream(detail: str) -> InvalidInput:
+    return InvalidInput(
+        f"the upload is not a valid Arrow IPC stream: {detail}",
+        hint="send the table as one Arrow IPC stream (schema, then record batches), e.g. with "
+        "encode_arrow_stream",
+    )
+
+
+class ArrowStreamDecoder:
+    """Turns the fragments of one Arrow IPC stream back into record batches as they complete.
+
+    Only the message being received is buffered, so memory is bounded by the largest record
+    batch (at most ``max_message_bytes``). Fragments may split messages at any byte.
+    """
+
+    def __init__(self, *, max_message_bytes: int = _MAX_MESSAGE_BYTES) -> None:
+        self._buf = bytearray()
+        self._max = max_message_bytes
+        self._schema: pa.Schema | None = None
+        self._ended = False
+        self.rows = 0
+        """Rows decoded so far."""
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The stream's Arrow schema, once its first message has arrived."""
+        return self._schema
+
+    def feed(self, fragment: bytes) -> list[pa.RecordBatch]:
+        """Take the next fragment; return the record batches it completed (often none)."""
+        if self._ended and fragment:
+            raise _not_a_stream("data follows the end-of-stream marker")
+        self._buf += fragment
+        batches = []
+        while (message := self._next_message()) is not None:
+            batch = self._decode(message)
+            if batch is not None:
+                self.rows += batch.num_rows
+                batches.append(batch)
+        return batches
+
+    def close(self) -> None:
+        """Declare the stream over; :class:`InvalidInput` unless it ended with its end marker."""
+        if self._buf:
+            what = "record batch" if self._schema is not None else "Arrow schema"
+            raise InvalidInput(
+                f"the upload ended in the middle of a {what} ({len(self._buf)} bytes of it "
+                "arrived): was the client interrupted?",
+                hint="re-run the upload",
+            )
+        if self._schema is None:
+            raise _not_a_stream("it ended before the schema arrived")
+        if not self._ended:
+            # Without the marker a stream cut at a batch boundary would pass as complete.
+            raise InvalidInput(
+                "the upload ended without the Arrow end-of-stream marker: was the client "
+                "interrupted?",
+                hint="re-run the upload, closing the Arrow stream writer so it writes the marker",
+            )
+
+    def _next_message(self) -> pa.ipc.Message | None:
+        buf = self._buf
+        if self._ended or len(buf) < 8:
+            return None
+        if self._schema is None and bytes(buf[:4]) in (b"ARRO", b"PAR1"):
+            raise _not_a_stream("this is an Arrow or Parquet file, not an IPC stream")
+        marker, meta_len = struct.unpack_from("<Ii", buf, 0)
+        if marker != _CONTINUATION:
+            raise _not_a_stream("a message does not start with the continuation marker")
+        if meta_len == 0:
+            del buf[:8]
+            self._ended = True
+            if buf:
+                raise _not_a_stream("data follows the end-of-stream marker")
+            return None
+        if meta_len < 0 or meta_len > self._max:
+            raise _not_a_stream(f"a message header claims {meta_len} bytes")
+        if len(buf) < 8 + meta_len:
+            return None
+        with memoryview(buf) as view:
+            body = _body_length(view[8 : 8 + meta_len])
+        total = 8 + meta_len + body
+        if body < 0 or total > self._max:
+            raise InvalidInput(
+                f"a record batch of {total} bytes exceeds the limit of {self._max} bytes",
+                hint="send smaller record batches (encode_arrow_stream splits them for you)",
+            )
+        if len(buf) < total:
+            return None
+        data = bytes(buf[:total])
+        del buf[:total]
+        try:
+            return pa.ipc.read_message(pa.py_buffer(data))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise _not_a_stream(str(exc)) from None
+
+    def _decode(self, message: pa.ipc.Message) -> pa.RecordBatch | None:
+        try:
+            if message.type == "schema":
+                if self._schema is not None:
+                    raise _not_a_stream("a second schema arrived mid-stream")
+                schema = pa.ipc.read_schema(message)
+                if any(pa.types.is_dictionary(f.type) for f in schema):
+                    raise _not_a_stream("dictionary-encoded columns are not supported")
+                self._schema = schema
+                return None
+            if message.type == "record batch":
+                if self._schema is None:
+                    raise _not_a_stream("a record batch arrived before the schema")
+                return pa.ipc.read_record_batch(message, self._schema)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise _not_a_stream(str(exc)) from None
+        raise _not_a_stream(f"unexpected {message.type} message")
+
+
+def encode_arrow_stream(
+    data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
+    fragment_bytes: int = 1 << 20,
+    *,
+    schema: pa.Schema | None = None,
+    max_batch_bytes: int = 16 << 20,
+) -> Iterator[bytes]:
+    """Encode rows as one Arrow IPC stream, yielded in fragments of ``fragment_bytes``.
+
+    Batches over ``max_batch_bytes`` are split and dictionary columns decoded, so the result
+    is always accepted by :class:`ArrowStreamDecoder`. ``schema`` is needed only for an empty
+    iterable of batches.
+    """
+    if fragment_bytes <= 0:
+        raise InvalidInput(f"fragment size {fragment_bytes} is not positive", hint="pass bytes > 0")
+    if isinstance(data, pa.Table):
+        schema, batches = data.schema, iter(data.to_batches())
+    elif isinstance(data, pa.RecordBatch):
+        schema, batches = data.schema, iter([data])
+    else:
+        batches = iter(data)
+        first = next(batches, None)
+        if first is not None:
+            schema, batches = first.schema, _chain(first, batches)
+        elif schema is None:
+            raise InvalidInput("no record batches to encode", hint="pass the schema as schema=")
+    plain = pa.schema(
+        [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema]
+    )
+    pending = bytearray(plain.serialize().to_pybytes())
+    for batch in batches:
+        if batch.schema != plain:
+            batch = batch.cast(plain)
+        step = max(1, int(max_batch_bytes / max(batch.nbytes / max(batch.num_rows, 1), 1)))
+        for start in range(0, max(batch.num_rows, 1), step):
+            pending += batch.slice(start, step).serialize().to_pybytes()
+            while len(pending) >= fragment_bytes:
+                yield bytes(pending[:fragment_bytes])
+                del pending[:fragment_bytes]
+    pending += _END_OF_STREAM
+    for start in range(0, len(pending), fragment_bytes):
+        yield bytes(pending[start : start + fragment_bytes])
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest
+
+
+def read_table_file(
+    path: str | Path, *, schema: DatasetSchema | None = None, batch_rows: int = 65536
+) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of a local ``.csv``, ``.parquet`` or ``.pq`` file as record batches.
+
+    With ``schema``, CSV columns are parsed as the schema's types (timestamps must carry a
+    zone offset). Errors surface as :class:`InvalidInput` naming the file.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise InvalidInput(
+            f"cannot read {path}: unknown file type {suffix or '(no suffix)'!r}",
+            hint="use a .csv, .parquet or .pq file",
+        )
+    if not path.is_file():
+        raise NotFound("file", str(path), hint="check the path")
+    return _read_csv(path, schema) if suffix == ".csv" else _read_parquet(path, batch_rows)
+
+
+def _read_csv(path: Path, schema: DatasetSchema | None) -> Iterator[pa.RecordBatch]:
+    types = {c.name: c.type.arrow() for c in schema.columns} if schema else {}
+    options = pacsv.ConvertOptions(column_types=types)
+    hint = (
+        "check that it is CSV with a header row, every row has the same number of fields, "
+        "and values parse as their column types"
+    )
+    if schema and any(c.type == ColumnType.TIMESTAMP for c in schema.columns):
+        hint += " (timestamps need a zone, e.g. 2024-01-31T10:00:00Z)"
+    with pa.OSFile(str(path)) as source:
+        try:
+            reader = pacsv.open_csv(source, convert_options=options)
+            while True:
+                try:
+                    yield reader.read_next_batch()
+                except StopIteration:
+                    return
+        except pa.ArrowInvalid as exc:
+            raise InvalidInput(f"cannot parse CSV file {path}: {exc}", hint=hint) from None
+
+
+def _read_parquet(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    try:
+        with pq.ParquetFile(path) as pf:
+            yield from pf.iter_batches(batch_size=batch_rows)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidInput(
+            f"cannot read Parquet file {path}: {exc}", hint="check that it is a Parquet file"
+        ) from None
+
+
+def shard_to_table(data: bytes) -> pa.Table:
+    """The rows of a stored shard; :class:`IntegrityError` when it is not readable Parquet."""
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise IntegrityError(
+            f"a stored shard is not a readable Parquet file: {exc}",
+            hint="the object store copy is damaged; restore it from backup or roll back",
+        ) from None
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    """``table`` as one complete Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def ipc_to_table(data: bytes) -> pa.Table:
+    """The table in one complete Arrow IPC stream; :class:`InvalidInput` when malformed."""
+    try:
+        with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
+            return reader.read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _not_a_stream(str(exc)) from None
+
+
+__all__ = [
+    "ArrowStreamDecoder",
+    "Shard",
+    "ShardWriter",
+    "encode_arrow_stream",
+    "ipc_to_table",
+    "read_table_file",
+    "shard_to_table",
+    "table_to_ipc",
+]

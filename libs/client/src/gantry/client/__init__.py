@@ -1,8 +1,8 @@
-"""gantry.client: the Gantry Python SDK (audit queries, event emission, administration) and CLI.
+"""gantry.client: the Gantry Python SDK (audit, data governance, models, events, admin) and CLI.
 
 ::
 
-    from gantry.client import AuditClient, Filter
+    from gantry.client import AuditClient, Filter, GovernanceClient
     from gantry.client.emit import emit
 
 The ``gantry`` command line lives in :mod:`gantry.client.cli`, the demo in
@@ -19,12 +19,19 @@ if TYPE_CHECKING:
     from gantry.client.audit import AuditClient, Filter
     from gantry.client.config import ClientSettings
     from gantry.client.emit import Emitter
+    from gantry.client.governance import ColumnRule, ColumnSpec, DataClient, GovernanceClient
+    from gantry.client.model_registry import ModelsClient
 
 _LAZY = {
     "AuditClient": "gantry.client.audit",
     "Filter": "gantry.client.audit",
     "ClientSettings": "gantry.client.config",
     "Emitter": "gantry.client.emit",
+    "ColumnRule": "gantry.client.governance",
+    "ColumnSpec": "gantry.client.governance",
+    "DataClient": "gantry.client.governance",
+    "GovernanceClient": "gantry.client.governance",
+    "ModelsClient": "gantry.client.model_registry",
 }
 
 
@@ -35,4 +42,14 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["AuditClient", "ClientSettings", "Emitter", "Filter"]
+__all__ = [
+    "AuditClient",
+    "ClientSettings",
+    "ColumnRule",
+    "ColumnSpec",
+    "DataClient",
+    "Emitter",
+    "Filter",
+    "GovernanceClient",
+    "ModelsClient",
+]

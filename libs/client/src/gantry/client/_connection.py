@@ -7,7 +7,7 @@ last message does not carry ``last=true``, so a stream that fails half-way must 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Protocol, Self, TypeVar
 
 import grpc
@@ -19,8 +19,6 @@ from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 #: The largest message the client accepts (512 MiB). A table read answers one whole shard per
 #: message, so this must exceed the service's largest shard; gRPC's own default is 4 MiB.
 MAX_MESSAGE_BYTES = 512 << 20
-#: Chunk size of file and model bytes on the wire (1 MiB).
-CHUNK_BYTES = 1 << 20
 
 Progress = Callable[[int], None]
 
@@ -93,7 +91,7 @@ class GovernanceConnection:
             raise feed.error
         return reply
 
-    def _receive_stream(self, method: str, request: Any) -> Iterator[Any]:
+    def _receive_stream(self, method: str, request: Any) -> Generator[Any, None, None]:
         """The replies of a server stream; stopping early cancels the call."""
         call = getattr(self._stub, method)(
             request, metadata=self._metadata, timeout=self._stream_timeout
@@ -150,4 +148,4 @@ class _Feed:
             yield held
 
 
-__all__ = ["CHUNK_BYTES", "MAX_MESSAGE_BYTES", "GovernanceConnection", "Progress"]
+__all__ = ["MAX_MESSAGE_BYTES", "GovernanceConnection", "Progress"]

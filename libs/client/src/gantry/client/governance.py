@@ -19,15 +19,24 @@ reads and downloads stream: memory stays around one batch or 1 MiB chunk, whatev
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pyarrow as pa
 
-from gantry.client._connection import CHUNK_BYTES, GovernanceConnection, Progress
-from gantry.client._files import PartFile, read_chunks
+from gantry.client._connection import GovernanceConnection, Progress
+from gantry.client._files import CHUNK_BYTES, PartFile, collect_files, read_chunks, safe_target
+from gantry.client._records import (
+    Dataset,
+    Diff,
+    Grant,
+    LineageEdge,
+    Shard,
+    ShardList,
+    UploadResult,
+    Version,
+    ViewPolicy,
+)
 from gantry.client.model_registry import ModelsClient, ModelVersion
 from gantry.client.specs import FORMATS, VIEWS, ColumnRule, ColumnSpec, VersionRef
 from gantry.client.tables import (
@@ -41,225 +50,6 @@ from gantry.client.tables import (
 )
 from gantry.core import IntegrityError, InvalidInput
 from gantry.protos.v1 import governance_pb2 as pb
-
-# ---------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """A dataset: its format (table or files), columns, owner and latest version."""
-
-    name: str
-    owner: str
-    format: str
-    columns: tuple[ColumnSpec, ...]
-    description: str
-    head: str  #: the latest version id; "" before the first commit
-    created_ms: int
-    versions: int
-    policy_version: int  #: the current view policy's version
-
-    @classmethod
-    def from_pb(cls, m: pb.Dataset) -> Dataset:
-        """From the protocol message."""
-        return cls(
-            m.name,
-            m.owner,
-            m.format,
-            tuple(ColumnSpec.from_pb(c) for c in m.columns),
-            m.description,
-            m.head,
-            m.created_ms,
-            m.versions,
-            m.policy_version,
-        )
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A piece of a version: a run of rows, or one file (``path``). ``id`` is its sha256."""
-
-    id: str
-    rows: int
-    bytes: int
-    path: str = ""
-
-    @classmethod
-    def from_pb(cls, m: pb.Shard) -> Shard:
-        """From the protocol message."""
-        return cls(m.id, m.rows, m.bytes, m.path)
-
-
-@dataclass(frozen=True)
-class Version:
-    """An immutable dataset version; ``id`` is the sha256 of its manifest."""
-
-    id: str
-    dataset: str
-    parents: tuple[str, ...]
-    message: str
-    author: str
-    created_ms: int
-    rows: int
-    bytes: int
-    shards: tuple[Shard, ...]
-    columns: tuple[ColumnSpec, ...]
-    rollback_of: str = ""  #: set when this version restores an earlier one
-
-    @property
-    def short_id(self) -> str:
-        """The first 12 characters of the id, as the CLI shows it (any unique prefix works)."""
-        return self.id[:12]
-
-    @classmethod
-    def from_pb(cls, m: pb.Version) -> Version:
-        """From the protocol message."""
-        return cls(
-            m.id,
-            m.dataset,
-            tuple(m.parents),
-            m.message,
-            m.author,
-            m.created_ms,
-            m.rows,
-            m.bytes,
-            tuple(Shard.from_pb(s) for s in m.shards),
-            tuple(ColumnSpec.from_pb(c) for c in m.columns),
-            m.rollback_of,
-        )
-
-
-@dataclass(frozen=True)
-class Diff:
-    """What changed between two versions: shards and rows added and removed, schema changes."""
-
-    from_version: str
-    to_version: str
-    added: tuple[Shard, ...]
-    removed: tuple[Shard, ...]
-    rows_added: int
-    rows_removed: int
-    schema_changes: tuple[str, ...]
-
-    @classmethod
-    def from_pb(cls, m: pb.DiffResponse) -> Diff:
-        """From the protocol message."""
-        return cls(
-            m.from_version,
-            m.to_version,
-            tuple(Shard.from_pb(s) for s in m.added),
-            tuple(Shard.from_pb(s) for s in m.removed),
-            m.rows_added,
-            m.rows_removed,
-            tuple(m.schema_changes),
-        )
-
-
-@dataclass(frozen=True)
-class ShardList:
-    """The shards of a version and its columns as the caller's view shows them."""
-
-    version: str
-    view: str
-    shards: tuple[Shard, ...]
-    columns: tuple[ColumnSpec, ...]
-
-    @classmethod
-    def from_pb(cls, m: pb.ListShardsResponse) -> ShardList:
-        """From the protocol message."""
-        return cls(
-            m.version,
-            m.view,
-            tuple(Shard.from_pb(s) for s in m.shards),
-            tuple(ColumnSpec.from_pb(c) for c in m.columns),
-        )
-
-
-@dataclass(frozen=True)
-class UploadResult:
-    """An upload the service has stored, ready to be committed by ``upload_id``."""
-
-    upload_id: str
-    rows: int
-    bytes: int
-    shards: int
-    files: int = 0
-
-    @classmethod
-    def from_pb(cls, m: pb.UploadResponse) -> UploadResult:
-        """From the protocol message."""
-        return cls(m.upload_id, m.rows, m.bytes, m.shards, m.files)
-
-
-@dataclass(frozen=True)
-class ViewPolicy:
-    """How the de-identified view transforms a dataset's columns, and who set it when."""
-
-    dataset: str
-    version: int
-    rules: tuple[ColumnRule, ...]
-    author: str
-    created_ms: int
-
-    @classmethod
-    def from_pb(cls, m: pb.ViewPolicy) -> ViewPolicy:
-        """From the protocol message."""
-        return cls(
-            m.dataset,
-            m.version,
-            tuple(ColumnRule.from_pb(r) for r in m.rules),
-            m.author,
-            m.created_ms,
-        )
-
-
-@dataclass(frozen=True)
-class Grant:
-    """A job's right to read given dataset versions in one view until ``expires_ms``.
-
-    ``token`` is a secret, returned only when the grant is issued; it is left out of ``repr``.
-    """
-
-    id: str
-    token: str = field(repr=False)
-    job_id: str = ""
-    versions: tuple[VersionRef, ...] = ()
-    view: str = ""
-    expires_ms: int = 0
-    issued_by: str = ""
-
-    @classmethod
-    def from_pb(cls, m: pb.Grant) -> Grant:
-        """From the protocol message."""
-        return cls(
-            m.id,
-            m.token,
-            m.job_id,
-            tuple(VersionRef(v.dataset, v.version) for v in m.versions),
-            m.view,
-            m.expires_ms,
-            m.issued_by,
-        )
-
-
-@dataclass(frozen=True)
-class LineageEdge:
-    """One step of lineage: ``from`` (kind, id) fed ``to`` (kind, id) at ``time_ms``.
-
-    Kinds are ``dataset_version`` (id ``NAME@VERSION``), ``job`` and ``model_version``.
-    """
-
-    from_kind: str
-    from_id: str
-    to_kind: str
-    to_id: str
-    time_ms: int
-
-    @classmethod
-    def from_pb(cls, m: pb.LineageEdge) -> LineageEdge:
-        """From the protocol message."""
-        return cls(m.from_kind, m.from_id, m.to_kind, m.to_id, m.time_ms)
-
 
 # ---------------------------------------------------------------------- the client
 
@@ -279,18 +69,33 @@ class DataClient(GovernanceConnection):
         *,
         format: str = "table",
         columns: Sequence[ColumnSpec] = (),
+        files_classification: str = "",
         description: str = "",
     ) -> Dataset:
-        """Create an empty dataset; a table needs ``columns``, a files dataset takes none."""
+        """Create an empty dataset: a table with ``columns``, or files of one classification.
+
+        A files dataset's ``files_classification`` (default: the service's, ``internal``)
+        decides its de-identified view: files cannot be de-identified, so pii and sensitive
+        files can only be read raw. The service reports it as the single column ``content``.
+        """
         if format not in FORMATS:
             raise InvalidInput(f"unknown format {format!r}", hint="use 'table' or 'files'")
-        if format == "table" and not columns:
-            raise InvalidInput(
-                f"table dataset {name!r} needs columns",
-                hint="declare them, e.g. ColumnSpec('email', 'string', 'pii')",
-            )
-        if format == "files" and columns:
-            raise InvalidInput(f"files dataset {name!r} takes no columns")
+        if format == "table":
+            if not columns:
+                raise InvalidInput(
+                    f"table dataset {name!r} needs columns",
+                    hint="declare them, e.g. ColumnSpec('email', 'string', 'pii')",
+                )
+            if files_classification:
+                raise InvalidInput("files_classification is for files datasets")
+        else:
+            if columns:
+                raise InvalidInput(
+                    f"files dataset {name!r} takes no columns",
+                    hint="give the classification of its files as files_classification",
+                )
+            if files_classification:
+                columns = [ColumnSpec("content", "binary", files_classification)]
         for c in columns:
             c.check()
         reply = self._call(
@@ -457,10 +262,13 @@ class DataClient(GovernanceConnection):
     ) -> Iterator[tuple[str, pa.Table]]:
         """Each shard of a table version as (shard id, rows in the view), one at a time.
 
-        ``purpose`` is recorded in the audit log; ``grant`` is a job's grant token (workers
-        read with it instead of their own rights). Stopping early cancels the read.
+        The service may send a large shard in several messages; they are joined, so memory
+        holds one shard. ``purpose`` is recorded in the audit log; ``grant`` is a job's grant
+        token (workers read with it instead of their own rights). Stopping early cancels the
+        read.
         """
         request = _read_request(dataset, version, view, shards, purpose, grant)
+        shard, parts = "", list[pa.Table]()
         with contextlib.closing(self._receive_stream("Read", request)) as replies:
             for reply in replies:
                 if reply.HasField("file_chunk"):
@@ -468,18 +276,14 @@ class DataClient(GovernanceConnection):
                         f"dataset {dataset!r} holds files, not a table",
                         hint="download them with download_files (gantry data download)",
                     )
-                if not reply.arrow_ipc:
-                    continue
-                try:
-                    table = decode_ipc(reply.arrow_ipc)
-                except InvalidInput as exc:
-                    raise IntegrityError(f"shard {reply.shard}: {exc.message}") from None
-                if reply.rows and table.num_rows != reply.rows:
-                    raise IntegrityError(
-                        f"shard {reply.shard}: the service announced {reply.rows} rows "
-                        f"and sent {table.num_rows}"
-                    )
-                yield reply.shard, table
+                if parts and reply.shard != shard:
+                    yield shard, _joined(shard, parts)
+                    parts = []
+                shard = reply.shard
+                if reply.arrow_ipc:
+                    parts.append(_decoded(reply))
+        if parts:
+            yield shard, _joined(shard, parts)
 
     def read(
         self,
@@ -502,7 +306,9 @@ class DataClient(GovernanceConnection):
         try:
             return pa.concat_tables(tables, promote_options="default")
         except pa.ArrowException as exc:
-            raise IntegrityError(f"the shards of {dataset!r} do not share a schema: {exc}") from None
+            raise IntegrityError(
+                f"the shards of {dataset!r} do not share a schema: {exc}"
+            ) from None
 
     def download_files(
         self,
@@ -562,9 +368,7 @@ class DataClient(GovernanceConnection):
 
     def set_view_policy(self, dataset: str, rules: Sequence[ColumnRule]) -> ViewPolicy:
         """Replace the dataset's view policy with ``rules``; the new policy is returned."""
-        request = pb.SetViewPolicyRequest(
-            dataset=dataset, rules=[r.check().to_pb() for r in rules]
-        )
+        request = pb.SetViewPolicyRequest(dataset=dataset, rules=[r.check().to_pb() for r in rules])
         return ViewPolicy.from_pb(self._call("SetViewPolicy", request))
 
     def get_view_policy(self, dataset: str) -> ViewPolicy:
@@ -636,74 +440,6 @@ class GovernanceClient(DataClient, ModelsClient):
 # ---------------------------------------------------------------------- helpers
 
 
-def collect_files(
-    paths: str | Path | Sequence[str | Path], *, root: str | Path | None = None
-) -> list[tuple[str, Path]]:
-    """(name in the dataset, local path) for each file to upload, in a stable order.
-
-    Directories are walked (symbolic links to directories are not followed). Names use ``/``.
-    Raises :class:`InvalidInput` for a missing path, a file outside ``root``, a name given
-    twice, or nothing to upload.
-    """
-    if isinstance(paths, str | Path):
-        paths = [paths]
-    base = Path(os.path.abspath(root)) if root is not None else None
-    found: list[tuple[str, Path]] = []
-    for given in map(Path, paths):
-        if given.is_dir():
-            walk_base = base or Path(os.path.abspath(given))
-            for dirpath, dirnames, filenames in os.walk(given):
-                dirnames.sort()
-                for filename in sorted(filenames):
-                    path = Path(dirpath) / filename
-                    if path.is_file():
-                        found.append((_relative_name(path, walk_base, root), path))
-        elif given.is_file():
-            name = _relative_name(given, base, root) if base else given.name
-            found.append((name, given))
-        else:
-            raise InvalidInput(f"{given}: no such file or directory")
-    if not found:
-        raise InvalidInput("no files to upload", hint="give files or directories that hold some")
-    seen: dict[str, Path] = {}
-    for name, path in found:
-        if name in seen:
-            raise InvalidInput(
-                f"two files would be stored as {name!r}: {seen[name]} and {path}",
-                hint="upload them separately, or pass a --root above both",
-            )
-        seen[name] = path
-    return found
-
-
-def _relative_name(path: Path, base: Path, root: str | Path | None) -> str:
-    try:
-        return Path(os.path.abspath(path)).relative_to(base).as_posix()
-    except ValueError:
-        raise InvalidInput(f"{path} is not under the root {root}") from None
-
-
-def safe_target(dest: Path, name: str) -> Path:
-    """Where the file ``name`` (a relative ``/`` path from the service) goes under ``dest``.
-
-    Raises :class:`IntegrityError` for an absolute path, a ``..`` step, or any other path that
-    would land outside ``dest``.
-    """
-    relative = PurePosixPath(name)
-    if (
-        not name
-        or "\\" in name
-        or "\x00" in name
-        or relative.is_absolute()
-        or any(part in ("..", "") for part in relative.parts)
-    ):
-        raise IntegrityError(f"refusing to write {name!r}: the path escapes {dest}")
-    target = dest.joinpath(*relative.parts)
-    if not target.resolve().is_relative_to(dest.resolve()):
-        raise IntegrityError(f"refusing to write {name!r}: the path escapes {dest}")
-    return target
-
-
 def _counted(
     batches: Iterator[tuple[pa.RecordBatch, int]], progress: Progress | None
 ) -> Iterator[pa.RecordBatch]:
@@ -711,6 +447,28 @@ def _counted(
         yield batch
         if progress is not None and consumed:
             progress(consumed)
+
+
+def _decoded(reply: pb.ReadResponse) -> pa.Table:
+    try:
+        table = decode_ipc(reply.arrow_ipc)
+    except InvalidInput as exc:
+        raise IntegrityError(f"shard {reply.shard}: {exc.message}") from None
+    if reply.rows and table.num_rows != reply.rows:
+        raise IntegrityError(
+            f"shard {reply.shard}: the service announced {reply.rows} rows and sent "
+            f"{table.num_rows}"
+        )
+    return table
+
+
+def _joined(shard: str, parts: list[pa.Table]) -> pa.Table:
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return pa.concat_tables(parts)
+    except pa.ArrowException as exc:
+        raise IntegrityError(f"shard {shard}: its parts do not share a schema: {exc}") from None
 
 
 def _check_view(view: str) -> None:

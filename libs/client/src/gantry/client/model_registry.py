@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gantry.client._connection import CHUNK_BYTES, GovernanceConnection, Progress
-from gantry.client._files import PartFile, read_chunks
+from gantry.client._connection import GovernanceConnection, Progress
+from gantry.client._files import CHUNK_BYTES, PartFile, read_chunks
 from gantry.client.specs import VersionRef
 from gantry.core import IntegrityError, InvalidInput
 from gantry.protos.v1 import governance_pb2 as pb

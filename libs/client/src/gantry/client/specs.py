@@ -266,6 +266,12 @@ def parse_policy(doc: Any, *, source: str = "policy") -> list[ColumnRule]:
             params={str(k): _param_text(v) for k, v in params.items()},
         )
         rules.append(rule.check(where))
+    targets = [f"column {r.column}" if r.column else f"class {r.classification}" for r in rules]
+    for target in targets:
+        if targets.count(target) > 1:
+            raise InvalidInput(
+                f"{source}: two rules for {target}", hint="keep one rule per column and per class"
+            )
     return rules
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
@@ -32,7 +33,7 @@ CSV_BLOCK_BYTES = 1 << 20
 def arrow_type(column_type: str) -> pa.DataType:
     """The Arrow type a dataset column of ``column_type`` is uploaded as.
 
-    string → utf8, int64, float64, bool, date → date32, timestamp → timestamp[us, UTC],
+    string → utf8, int64, float64, bool, date → date32, timestamp → timestamp[ms, UTC],
     binary. Raises :class:`InvalidInput` for a type the platform does not know.
     """
     factory = _ARROW_TYPES.get(column_type)
@@ -50,7 +51,7 @@ _ARROW_TYPES = {
     "float64": pa.float64,
     "bool": pa.bool_,
     "date": pa.date32,
-    "timestamp": lambda: pa.timestamp("us", tz="UTC"),
+    "timestamp": lambda: pa.timestamp("ms", tz="UTC"),
     "binary": pa.binary,
 }
 
@@ -215,11 +216,12 @@ def _cast(column: pa.Array, target: pa.DataType) -> pa.Array:
         and target.tz is not None
         and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type))
     ):
-        try:
-            return column.cast(target)
-        except pa.ArrowInvalid:
-            # naive text like '2026-01-31 12:00:00' is taken as UTC, as for CSV columns
-            return column.cast(pa.timestamp(target.unit)).cast(target)
+        # Text without a zone offset ('2026-01-31 12:00:00') is taken as UTC, as in CSV files.
+        zoned = pc.match_substring_regex(column, r"(?:Z|[+-]\d{2}:?\d{2})$")
+        column = pc.if_else(zoned, column, pc.binary_join_element_wise(column, "Z", ""))
+    if pa.types.is_timestamp(target) and pa.types.is_timestamp(column.type):
+        # The dataset stores milliseconds: finer times (pandas writes ns) are truncated to it.
+        return pc.cast(column, target, safe=False)
     return column.cast(target)
 
 

@@ -25,7 +25,7 @@ _GRANT_HINT = (
     "the job's grant (GANTRY_DATA_GRANT) must name this dataset version and view and must not "
     "have expired; ask the dataset owner for a new grant"
 )
-_TOKEN_HINT = (
+_SERVICE_IDENTITY_HINT = (
     "the service token (GANTRY_TOKEN) is missing, expired or not trusted by the governance "
     "service; the node agent renews it"
 )
@@ -37,8 +37,12 @@ class GrantRefused(PermissionDenied):
     ``reason`` is the server's own explanation (expired, revoked, other dataset, other view).
     """
 
-    def __init__(self, reason: str, *, resource: str = "the dataset", hint: str | None = None) -> None:
-        super().__init__("this job's grant", "read", resource, reason=reason, hint=hint or _GRANT_HINT)
+    def __init__(
+        self, reason: str, *, resource: str = "the dataset", hint: str | None = None
+    ) -> None:
+        super().__init__(
+            "this job's grant", "read", resource, reason=reason, hint=hint or _GRANT_HINT
+        )
 
 
 def map_rpc_error(exc: grpc.RpcError, *, address: str, resource: str) -> GantryError:
@@ -51,7 +55,7 @@ def map_rpc_error(exc: grpc.RpcError, *, address: str, resource: str) -> GantryE
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return GrantRefused(detail or "permission denied", resource=resource)
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return Unauthenticated(detail or "not authenticated", hint=_TOKEN_HINT)
+        return Unauthenticated(detail or "not authenticated", hint=_SERVICE_IDENTITY_HINT)
     return from_rpc_error(exc, service="governance", address=address)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+import pyarrow as pa
 
 from gantry.core import GantryError, IntegrityError, InvalidInput
 from gantry.dataload._errors import GrantRefused, map_rpc_error
@@ -133,7 +134,9 @@ class GovernanceShardSource:
 
     def list_shards(self) -> list[ShardRef]:
         """The version's shards; pins the resolved version and view for later reads."""
-        request = pb.ListShardsRequest(dataset=self.dataset, version=self.version, grant=self._grant)
+        request = pb.ListShardsRequest(
+            dataset=self.dataset, version=self.version, grant=self._grant
+        )
         metadata = self._metadata()
         reply = self._call(
             lambda: self._client().ListShards(request, metadata=metadata, timeout=self.timeout_s)
@@ -161,18 +164,18 @@ class GovernanceShardSource:
         )
         metadata = self._metadata()
 
-        def read() -> bytes:
+        def read() -> list[bytes]:
             stream = self._client().Read(request, metadata=metadata, timeout=self.timeout_s)
-            # One message per shard is the protocol; fragments of one stream are joined.
-            parts = [m.arrow_ipc for m in stream if m.shard in ("", shard_id) and m.arrow_ipc]
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return [m.arrow_ipc for m in stream if m.shard in ("", shard_id) and m.arrow_ipc]
 
-        data = self._call(read)
-        if not data:
+        parts = self._call(read)
+        if not parts:
             raise IntegrityError(
                 f"the governance service sent no data for shard {shard_id} of {self._resource()}"
             )
-        return data
+        # A shard larger than one gRPC message arrives as several row slices, each a complete
+        # IPC stream; callers (and the cache) get one stream.
+        return parts[0] if len(parts) == 1 else join_streams(parts)
 
     # ---------------------------------------------------------------- what the listing said
 
@@ -199,4 +202,18 @@ class GovernanceShardSource:
         return (("authorization", f"Bearer {self._token}"),)
 
 
-__all__ = ["GovernanceShardSource"]
+def join_streams(parts: list[bytes]) -> bytes:
+    """Several Arrow IPC streams of the same schema as one stream (their batches in order)."""
+    try:
+        readers = [pa.ipc.open_stream(pa.py_buffer(part)) for part in parts]
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, readers[0].schema) as writer:
+            for reader in readers:
+                for batch in reader:
+                    writer.write_batch(batch)
+    except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
+        raise IntegrityError(f"the row slices of a shard do not form one table: {exc}") from None
+    return bytes(sink.getvalue().to_pybytes())
+
+
+__all__ = ["GovernanceShardSource", "join_streams"]

@@ -108,7 +108,11 @@ def assign(
         ]
         missing = max(totals) - totals[layout.rank]
         # Only workers with rows can repeat them; spread the missing batches over those.
-        able = [w for w in range(layout.num_workers) if any(s.rows for s in reader_shards(layout.rank, w))]
+        able = [
+            w
+            for w in range(layout.num_workers)
+            if any(s.rows for s in reader_shards(layout.rank, w))
+        ]
         if missing and layout.worker in able:
             share, extra = divmod(missing, len(able))
             batches += share + (1 if able.index(layout.worker) < extra else 0)

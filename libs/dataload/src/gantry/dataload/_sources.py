@@ -8,15 +8,18 @@ governance service, so a shard id never changes meaning and cached bytes never g
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gantry.core import IntegrityError, InvalidInput
+from gantry.storage import NodeCache
 
 _ARROW_FILE_MAGIC = b"ARROW1"
 _PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -115,7 +118,9 @@ class LocalShardSource:
             path = Path(raw)
             if path.is_dir():
                 files.extend(
-                    sorted(p for p in path.iterdir() if p.suffix in _PARQUET_SUFFIXES + _ARROW_SUFFIXES)
+                    sorted(
+                        p for p in path.iterdir() if p.suffix in _PARQUET_SUFFIXES + _ARROW_SUFFIXES
+                    )
                 )
             elif path.is_file():
                 files.append(path)
@@ -123,7 +128,8 @@ class LocalShardSource:
                 raise InvalidInput(f"no such shard file or directory: {path}")
         if not files:
             raise InvalidInput(
-                "no shard files given", hint="pass Parquet or Arrow IPC files, or directories of them"
+                "no shard files given",
+                hint="pass Parquet or Arrow IPC files, or directories of them",
             )
         self._files = {str(p): p for p in files}
         if len(self._files) != len(files):
@@ -131,7 +137,10 @@ class LocalShardSource:
 
     def list_shards(self) -> list[ShardRef]:
         """One shard per file, rows read from the file's metadata."""
-        return [ShardRef(key, _row_count(path), path.stat().st_size) for key, path in self._files.items()]
+        return [
+            ShardRef(key, _row_count(path), path.stat().st_size)
+            for key, path in self._files.items()
+        ]
 
     def fetch(self, shard_id: str) -> bytes:
         """The file's bytes (Arrow) or its rows re-encoded as an Arrow IPC stream (Parquet)."""
@@ -165,14 +174,25 @@ def _row_count(path: Path) -> int:
         return int(decode_shard(source.read_buffer()).num_rows)
 
 
+class _NodeCacheAddress(NamedTuple):
+    """How to reopen a NodeCache in another process (its instances hold file locks that must
+    not cross a fork, and do not pickle)."""
+
+    path: Path
+    max_bytes: int
+
+
 class CachedShardSource:
     """``inner`` with a node cache in front: each shard is fetched once per node.
 
     The cache key is ``dataload/<namespace>/<scope>/<shard id>`` where the scope (from the
     inner source) names the dataset, the resolved version and the view, so a shard cached for
-    one view is never served for another. Shard ids are content hashes, so entries never go
-    stale; eviction is the cache's business. The shard list always comes from ``inner``, so
-    the governance service still checks the job's grant before any cached shard is used.
+    one view is never served for another; an inner source without a scope gets ``unscoped``,
+    and then ``namespace`` alone must tell datasets apart. Shard ids are content hashes, so
+    entries never go stale; eviction is the cache's business. The shard list always comes from
+    ``inner``, so the governance service still checks the job's grant before a cached shard
+    is used. A :class:`~gantry.storage.NodeCache` is reopened at the same path in each process
+    (DataLoader workers); other caches are used as they are.
     """
 
     def __init__(self, inner: ShardSource, cache: ShardCache, namespace: str = "gantry") -> None:
@@ -181,8 +201,33 @@ class CachedShardSource:
                 f"invalid cache namespace {namespace!r}", hint="use a non-empty name without '/'"
             )
         self.inner = inner
-        self.cache = cache
         self.namespace = namespace
+        self._cache: ShardCache | _NodeCacheAddress = cache
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def cache(self) -> ShardCache:
+        """The cache, opened in this process."""
+        with self._lock:
+            cache = self._cache
+            if isinstance(cache, _NodeCacheAddress) or (
+                isinstance(cache, NodeCache) and self._pid != os.getpid()
+            ):
+                cache = self._cache = NodeCache(cache.path, cache.max_bytes)
+                self._pid = os.getpid()
+            return cache
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        if isinstance(self._cache, NodeCache):
+            state["_cache"] = _NodeCacheAddress(self._cache.path, self._cache.max_bytes)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def list_shards(self) -> list[ShardRef]:
         """The inner source's shards (never cached: listing is where the grant is checked)."""

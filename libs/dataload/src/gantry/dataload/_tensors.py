@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.types as pat
 import torch
 
-Column = torch.Tensor | list[Any]
+ColumnData = torch.Tensor | list[Any]
 
 
-def column_to_tensor(array: pa.Array | pa.ChunkedArray) -> Column:
+def column_to_tensor(array: pa.Array | pa.ChunkedArray) -> ColumnData:
     """One column as a tensor (see the module table), or a list for non-numeric types."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
@@ -52,7 +52,8 @@ def column_to_tensor(array: pa.Array | pa.ChunkedArray) -> Column:
             flat = _numeric(values)
             assert isinstance(flat, torch.Tensor)
             return flat.reshape(len(array), kind.list_size)
-    return array.to_pylist()
+    as_list: list[Any] = array.to_pylist()
+    return as_list
 
 
 def _numeric(array: pa.Array) -> torch.Tensor:
@@ -68,9 +69,12 @@ def _numeric(array: pa.Array) -> torch.Tensor:
     return torch.from_numpy(array.to_numpy(zero_copy_only=False, writable=True))
 
 
-def to_tensors(batch: pa.RecordBatch) -> dict[str, Column]:
+def to_tensors(batch: pa.RecordBatch) -> dict[str, ColumnData]:
     """Every column of ``batch`` by name, as :func:`column_to_tensor` converts it."""
-    return {name: column_to_tensor(col) for name, col in zip(batch.schema.names, batch.columns)}
+    return {
+        name: column_to_tensor(col)
+        for name, col in zip(batch.schema.names, batch.columns, strict=True)
+    }
 
 
 class TensorTransform:
@@ -88,7 +92,7 @@ class TensorTransform:
             return to_tensors(batch)
         features = {
             name: column_to_tensor(col)
-            for name, col in zip(batch.schema.names, batch.columns)
+            for name, col in zip(batch.schema.names, batch.columns, strict=True)
             if name != self.label
         }
         return features, column_to_tensor(batch.column(self.label))
@@ -97,4 +101,4 @@ class TensorTransform:
         return f"TensorTransform(label={self.label!r})"
 
 
-__all__ = ["Column", "TensorTransform", "column_to_tensor", "to_tensors"]
+__all__ = ["ColumnData", "TensorTransform", "column_to_tensor", "to_tensors"]

@@ -1,7 +1,8 @@
 """The errors the object store raises, each a kind of :mod:`gantry.core` error.
 
-Every class below also derives from :class:`StorageError` (itself a ``GantryError``), so ``except StorageError`` catches
-all of them, while ``except gantry.core.NotFound`` (and so on) keeps working across libraries::
+Every class below also derives from :class:`StorageError` (itself a ``GantryError``), so
+``except StorageError`` catches all of them, while ``except gantry.core.NotFound`` (and so on)
+keeps working across libraries::
 
     GantryError
     ├── InvalidInput
@@ -86,6 +87,7 @@ class KeyUnavailable(Conflict, StorageError):
         self.version = version
         self.reason = reason
         self.name = name
+        self.source = source
         subject = f"object {name!r} is" if name is not None else "the data key is"
         if reason == "retired":
             message = f"{subject} wrapped by KEK version {version}, which was retired"

@@ -180,8 +180,8 @@ class Header:
         if chunks != chunk_count(size, chunk_size) or chunks > MAX_CHUNKS:
             raise MalformedHeader(f"chunk count {chunks} does not match size {size}")
         end = HEADER_FIXED_LEN + meta_len
-        return cls(object_id, kek, chunk_size, size, chunks, created, raw[HEADER_FIXED_LEN:end],
-                   raw[end:])  # fmt: skip
+        metadata, wrapped = raw[HEADER_FIXED_LEN:end], raw[end:]
+        return cls(object_id, kek, chunk_size, size, chunks, created, metadata, wrapped)
 
 
 class ChunkCipher:

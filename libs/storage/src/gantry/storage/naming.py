@@ -40,7 +40,9 @@ def _check_path(name: str, *, internal: bool) -> None:
         if segment in (".", ".."):
             raise InvalidObjectName(name, f"it has a {segment!r} segment")
         if not _SEGMENT.fullmatch(segment):
-            raise InvalidObjectName(name, f"segment {segment!r} has a character outside A-Za-z0-9._=-")
+            raise InvalidObjectName(
+                name, f"segment {segment!r} has a character outside A-Za-z0-9._=-"
+            )
     if not internal and name.startswith("_"):
         raise InvalidObjectName(name, "names starting with '_' are reserved for the store")
 

@@ -82,7 +82,7 @@ class Platform:
         data_dir: Path,
         *,
         nats_port: int = DEFAULT_NATS_PORT,
-        services: Sequence[str] = ("audit",),
+        services: Sequence[str] = ("audit", "governance"),
         service_env: Mapping[str, str] | None = None,
         log_sink: Callable[[str], None] | None = None,
         initializer: Callable[[Path], object] | None = None,

@@ -1,4 +1,4 @@
-"""Pytest fixtures: a real nats-server per test on port 0, PostgreSQL databases.
+"""Pytest fixtures: a real nats-server per test on port 0, PostgreSQL databases, S3 servers.
 
 Installed as a pytest plugin by the gantry-testing package, so every package's tests (and
 users' own tests) get the same harness.
@@ -13,6 +13,7 @@ import pytest
 
 from gantry.supervisor import NatsServer
 from gantry.testing.postgres import admin_url, reachable, temporary_database
+from gantry.testing.s3 import S3Endpoint, docker_unreachable_reason, minio_server, moto_s3_server
 
 
 @pytest.fixture
@@ -41,3 +42,22 @@ def postgres_url() -> Iterator[str]:
         pytest.skip(f"no PostgreSQL reachable at {url.host}:{url.port}")
     with temporary_database() as db_url:
         yield db_url
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Endpoint]:
+    """moto's S3 server on a free port, one per test module; each test should use its own
+    bucket (e.g. ``f"t-{uuid.uuid4().hex[:12]}"``)."""
+    with moto_s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def minio_container() -> Iterator[S3Endpoint]:
+    """A MinIO server in Docker (testcontainers), one per test module; skipped, with the
+    reason, when no Docker engine is reachable."""
+    reason = docker_unreachable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with minio_server() as endpoint:
+        yield endpoint

@@ -36,7 +36,7 @@ from gantry.governance.messages import (
 from gantry.governance.registry import ModelMeta, Registry
 from gantry.governance.schema import columns_from_pb, columns_to_pb
 from gantry.governance.tables import ipc_to_table, table_to_ipc
-from gantry.governance.uploads import FileUpload, Uploads
+from gantry.governance.uploads import FileUpload, TableUpload, Uploads
 from gantry.governance.views import Views
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
@@ -106,7 +106,9 @@ def _stream_errors(
     """The same for server-streaming methods."""
 
     @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
+    async def wrapper(
+        self: Any, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[R]:
         try:
             async for item in fn(self, request, context):
                 yield item
@@ -161,7 +163,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ datasets
 
     @_errors
-    async def CreateDataset(self, request: pb.CreateDatasetRequest, context: Any) -> pb.Dataset:  # noqa: N802
+    async def CreateDataset(self, request: pb.CreateDatasetRequest, context: Any) -> pb.Dataset:
         """Register a dataset with its schema and column classifications."""
         principal = current_principal()
         columns = columns_from_pb(request.columns)
@@ -178,12 +180,12 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return dataset_pb(ds)
 
     @_errors
-    async def GetDataset(self, request: pb.GetDatasetRequest, context: Any) -> pb.Dataset:  # noqa: N802
+    async def GetDataset(self, request: pb.GetDatasetRequest, context: Any) -> pb.Dataset:
         """One dataset."""
         return dataset_pb(await asyncio.to_thread(self.d.catalog.get_dataset, request.name))
 
     @_errors
-    async def ListDatasets(  # noqa: N802
+    async def ListDatasets(
         self, request: pb.ListDatasetsRequest, context: Any
     ) -> pb.ListDatasetsResponse:
         """Every dataset."""
@@ -192,12 +194,12 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ upload and commit
 
-    async def Upload(  # noqa: N802
+    async def Upload(
         self, request_iterator: AsyncIterator[pb.UploadRequest], context: grpc.aio.ServicerContext
     ) -> pb.UploadResponse:
         """Receive a stream of rows or files into a new upload (committable once finished)."""
         principal = current_principal()
-        upload: Any = None
+        upload: TableUpload | FileUpload | None = None
         finished = False
         try:
             first = await anext(aiter(request_iterator), None)
@@ -255,16 +257,23 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 files=totals.files,
             )
         except GantryError as exc:
+            await self._discard(upload)  # before the caller hears of the failure
+            upload = None
             await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
             raise
         finally:
-            if upload is not None and not finished:
-                if isinstance(upload, FileUpload):
-                    await asyncio.to_thread(upload.abort)
-                await asyncio.to_thread(self.d.uploads.abort, upload.totals.upload_id)
+            if not finished:
+                await self._discard(upload)
+
+    async def _discard(self, upload: TableUpload | FileUpload | None) -> None:
+        if upload is None:
+            return
+        if isinstance(upload, FileUpload):
+            await asyncio.to_thread(upload.abort)
+        await asyncio.to_thread(self.d.uploads.abort, upload.totals.upload_id)
 
     @_errors
-    async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.Version:  # noqa: N802
+    async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.Version:
         """Make finished uploads a new immutable version."""
         principal = current_principal()
         version = await asyncio.to_thread(
@@ -280,19 +289,19 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return version_pb(version)
 
     @_errors
-    async def Log(self, request: pb.LogRequest, context: Any) -> pb.LogResponse:  # noqa: N802
+    async def Log(self, request: pb.LogRequest, context: Any) -> pb.LogResponse:
         """Newest versions first."""
         found = await asyncio.to_thread(self.d.catalog.log, request.dataset, request.limit or 50)
         return pb.LogResponse(versions=[version_pb(v, with_shards=False) for v in found])
 
     @_errors
-    async def GetVersion(self, request: pb.GetVersionRequest, context: Any) -> pb.Version:  # noqa: N802
+    async def GetVersion(self, request: pb.GetVersionRequest, context: Any) -> pb.Version:
         """One version with its shards."""
         v = await asyncio.to_thread(self.d.catalog.get_version, request.dataset, request.version)
         return version_pb(v)
 
     @_errors
-    async def Diff(self, request: pb.DiffRequest, context: Any) -> pb.DiffResponse:  # noqa: N802
+    async def Diff(self, request: pb.DiffRequest, context: Any) -> pb.DiffResponse:
         """What changed between two versions."""
         a, b, d = await asyncio.to_thread(
             self.d.catalog.diff, request.dataset, request.from_version, request.to_version
@@ -300,7 +309,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return diff_pb(a, b, d)
 
     @_errors
-    async def Rollback(self, request: pb.RollbackRequest, context: Any) -> pb.Version:  # noqa: N802
+    async def Rollback(self, request: pb.RollbackRequest, context: Any) -> pb.Version:
         """A new version with an older one's content."""
         principal = current_principal()
         v = await asyncio.to_thread(
@@ -339,7 +348,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return ds, version, permit
 
     @_stream_errors
-    async def Read(  # noqa: N802
+    async def Read(
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReadResponse]:
         """Stream a version's shards in the allowed view; the read is audited."""
@@ -386,7 +395,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             )  # fmt: skip
 
     @_errors
-    async def ListShards(  # noqa: N802
+    async def ListShards(
         self, request: pb.ListShardsRequest, context: Any
     ) -> pb.ListShardsResponse:
         """A version's shards and the columns the caller's view shows (for loaders)."""
@@ -410,9 +419,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ views
 
     @_errors
-    async def SetViewPolicy(  # noqa: N802
-        self, request: pb.SetViewPolicyRequest, context: Any
-    ) -> pb.ViewPolicy:
+    async def SetViewPolicy(self, request: pb.SetViewPolicyRequest, context: Any) -> pb.ViewPolicy:
         """Store a new version of a dataset's de-identification policy."""
         principal = current_principal()
         rules = rules_from_pb(request.rules)
@@ -423,16 +430,14 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return policy_pb(record)
 
     @_errors
-    async def GetViewPolicy(  # noqa: N802
-        self, request: pb.GetViewPolicyRequest, context: Any
-    ) -> pb.ViewPolicy:
+    async def GetViewPolicy(self, request: pb.GetViewPolicyRequest, context: Any) -> pb.ViewPolicy:
         """The current policy."""
         return policy_pb(await asyncio.to_thread(self.d.views.policy, request.dataset))
 
     # ------------------------------------------------------------------ grants and lineage
 
     @_errors
-    async def IssueGrant(self, request: pb.IssueGrantRequest, context: Any) -> pb.Grant:  # noqa: N802
+    async def IssueGrant(self, request: pb.IssueGrantRequest, context: Any) -> pb.Grant:
         """A job's read grant: services get what the scheduler placed; stewards name versions."""
         principal = current_principal()
         versions = [(v.dataset, v.version) for v in request.versions]
@@ -468,11 +473,13 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return grant_pb(grant, token)
 
     @_errors
-    async def GetLineage(self, request: pb.LineageRequest, context: Any) -> pb.LineageResponse:  # noqa: N802
+    async def GetLineage(self, request: pb.LineageRequest, context: Any) -> pb.LineageResponse:
         """Lineage around a dataset version, a job or a model version."""
         version = request.version
         if request.dataset and version:
-            version = (await asyncio.to_thread(self.d.catalog.get_version, request.dataset, version)).id
+            version = (
+                await asyncio.to_thread(self.d.catalog.get_version, request.dataset, version)
+            ).id
         model_version = 0
         if request.model_version:
             try:
@@ -492,7 +499,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ models
 
-    async def RegisterModel(  # noqa: N802
+    async def RegisterModel(
         self,
         request_iterator: AsyncIterator[pb.RegisterModelRequest],
         context: grpc.aio.ServicerContext,
@@ -530,6 +537,9 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             done = True
             return model_pb(record)
         except GantryError as exc:
+            if upload is not None:
+                await asyncio.to_thread(upload.abort)
+                upload = None
             await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
             raise
         finally:
@@ -537,18 +547,20 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 await asyncio.to_thread(upload.abort)
 
     @_errors
-    async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:  # noqa: N802
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: Any
+    ) -> pb.ListModelsResponse:
         """Model versions."""
         found = await asyncio.to_thread(self.d.registry.list, request.name)
         return pb.ListModelsResponse(versions=[model_pb(m) for m in found])
 
     @_errors
-    async def GetModel(self, request: pb.GetModelRequest, context: Any) -> pb.ModelVersion:  # noqa: N802
+    async def GetModel(self, request: pb.GetModelRequest, context: Any) -> pb.ModelVersion:
         """One model version (latest when version is 0)."""
         return model_pb(await asyncio.to_thread(self.d.registry.get, request.name, request.version))
 
     @_stream_errors
-    async def DownloadModel(  # noqa: N802
+    async def DownloadModel(
         self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DownloadModelResponse]:
         """Stream a model version's artifact (decrypted and verified)."""
@@ -564,7 +576,9 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ operations
 
     @_errors
-    async def RotateKeys(self, request: pb.RotateKeysRequest, context: Any) -> pb.RotateKeysResponse:  # noqa: N802
+    async def RotateKeys(
+        self, request: pb.RotateKeysRequest, context: Any
+    ) -> pb.RotateKeysResponse:
         """Rotate the storage key-encryption key and re-wrap every data key."""
         principal = current_principal()
         report = await asyncio.to_thread(
@@ -581,7 +595,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )
 
     @_errors
-    async def CollectGarbage(  # noqa: N802
+    async def CollectGarbage(
         self, request: pb.CollectGarbageRequest, context: Any
     ) -> pb.CollectGarbageResponse:
         """Remove content nothing references."""
@@ -598,4 +612,4 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )
 
 
-__all__ = ["METHOD_RULES", "SERVICE", "Domain", "GovernanceApi", "READ_MESSAGE_BYTES"]
+__all__ = ["METHOD_RULES", "READ_MESSAGE_BYTES", "SERVICE", "Domain", "GovernanceApi"]

@@ -345,7 +345,7 @@ class Catalog:
                 author=author,
                 created_ms=manifest.created_ms,
                 rows=manifest.rows,
-                bytes=manifest.bytes,
+                bytes=manifest.size,
                 rollback_of=rollback_of,
                 manifest=manifest.canonical(),
             )
@@ -364,7 +364,7 @@ class Catalog:
                 version=vid,
                 parents=list(manifest.parents),
                 rows=manifest.rows,
-                bytes=manifest.bytes,
+                bytes=manifest.size,
                 shards=len(shards),
                 message=message,
                 rollback_of=rollback_of,

@@ -10,7 +10,15 @@ import asyncio
 from collections.abc import Sequence
 
 from gantry.core import get_logger
-from gantry.events import Bus, ConsumerRunner, ConsumerSpec, Delivery, EventVerifier, Inbox, Publisher
+from gantry.events import (
+    Bus,
+    ConsumerRunner,
+    ConsumerSpec,
+    Delivery,
+    EventVerifier,
+    Inbox,
+    Publisher,
+)
 from gantry.events.catalog import JobScheduled
 from gantry.governance.grants import Grants
 from gantry.governance.store import inbox

@@ -25,7 +25,6 @@ from gantry.governance.manifest import Manifest
 from gantry.governance.registry import Registry
 from gantry.storage import ObjectStore
 
-
 #: Unreferenced objects younger than this are kept: a model artifact is written just before
 #: its registry row, and an object from an unknown writer deserves the benefit of the doubt.
 GRACE_MS = 15 * 60 * 1000

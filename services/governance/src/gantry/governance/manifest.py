@@ -9,6 +9,7 @@ version id, so a version id names exactly one content and history, like a Git co
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ class ShardEntry:
 
     id: str
     rows: int
-    bytes: int
+    size: int
     object: str
     path: str = ""
 
@@ -35,7 +36,7 @@ class ShardEntry:
         out: dict[str, Any] = {
             "id": self.id,
             "rows": self.rows,
-            "bytes": self.bytes,
+            "bytes": self.size,
             "object": self.object,
         }
         if self.path:
@@ -71,9 +72,9 @@ class Manifest:
         return sum(s.rows for s in self.shards)
 
     @property
-    def bytes(self) -> int:
+    def size(self) -> int:
         """Total plaintext bytes of the shards."""
-        return sum(s.bytes for s in self.shards)
+        return sum(s.size for s in self.shards)
 
     def canonical(self) -> bytes:
         """The bytes the version id is the digest of."""
@@ -140,18 +141,27 @@ class ManifestDiff:
 
 
 def diff_manifests(old: Manifest, new: Manifest, schema_changes: Sequence[str]) -> ManifestDiff:
-    """Shards (by content digest and path) in ``new`` but not ``old``, and the reverse."""
+    """Shards (by content digest and path, counted) in ``new`` but not ``old``, and the reverse."""
 
     def key(s: ShardEntry) -> tuple[str, str]:
         return (s.id, s.path)
 
-    old_keys = {key(s) for s in old.shards}
-    new_keys = {key(s) for s in new.shards}
-    return ManifestDiff(
-        added=tuple(s for s in new.shards if key(s) not in old_keys),
-        removed=tuple(s for s in old.shards if key(s) not in new_keys),
-        schema_changes=tuple(schema_changes),
-    )
+    # multisets: the same content appended twice is two shards, and a diff must say so
+    old_left = Counter(key(s) for s in old.shards)
+    new_left = Counter(key(s) for s in new.shards)
+    added: list[ShardEntry] = []
+    for s in new.shards:
+        if old_left[key(s)] > 0:
+            old_left[key(s)] -= 1
+        else:
+            added.append(s)
+    removed: list[ShardEntry] = []
+    for s in old.shards:
+        if new_left[key(s)] > 0:
+            new_left[key(s)] -= 1
+        else:
+            removed.append(s)
+    return ManifestDiff(tuple(added), tuple(removed), tuple(schema_changes))
 
 
 __all__ = ["MANIFEST_FORMAT", "Manifest", "ManifestDiff", "ShardEntry", "diff_manifests"]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from gantry.governance.catalog import DatasetRecord, VersionRecord, columns_from_json
+from gantry.governance.deid import rules_to_pb
 from gantry.governance.grants import GrantRecord
 from gantry.governance.lineage import Edge
 from gantry.governance.manifest import ManifestDiff, ShardEntry
 from gantry.governance.registry import ModelRecord
 from gantry.governance.schema import columns_to_pb
 from gantry.governance.views import PolicyRecord
-from gantry.governance.deid import rules_to_pb
 from gantry.protos.v1 import governance_pb2 as pb
 
 
@@ -35,7 +35,7 @@ def dataset_pb(ds: DatasetRecord) -> pb.Dataset:
 
 def shard_pb(s: ShardEntry) -> pb.Shard:
     """A manifest entry as a message (the object name stays inside the service)."""
-    return pb.Shard(id=s.id, rows=s.rows, bytes=s.bytes, path=s.path)
+    return pb.Shard(id=s.id, rows=s.rows, bytes=s.size, path=s.path)
 
 
 def version_pb(v: VersionRecord, *, with_shards: bool = True) -> pb.Version:
@@ -49,7 +49,7 @@ def version_pb(v: VersionRecord, *, with_shards: bool = True) -> pb.Version:
         author=m.author,
         created_ms=m.created_ms,
         rows=m.rows,
-        bytes=m.bytes,
+        bytes=m.size,
         shards=[shard_pb(s) for s in m.shards] if with_shards else [],
         columns=columns_to_pb(columns_from_json(m.columns)) if m.format == "table" else [],
         rollback_of=m.rollback_of,
@@ -96,7 +96,11 @@ def grant_pb(g: GrantRecord, token: str = "") -> pb.Grant:
 def edge_pb(e: Edge) -> pb.LineageEdge:
     """A lineage edge as a message."""
     return pb.LineageEdge(
-        from_kind=e.from_kind, from_id=e.from_id, to_kind=e.to_kind, to_id=e.to_id, time_ms=e.time_ms
+        from_kind=e.from_kind,
+        from_id=e.from_id,
+        to_kind=e.to_kind,
+        to_id=e.to_id,
+        time_ms=e.time_ms,
     )
 
 

@@ -180,11 +180,11 @@ class Registry:
             if meta.job_id:
                 add_edge(conn, "job", meta.job_id, "model_version", node, created)
             for d, v in meta.trained_on:
-                source_kind, source = "dataset_version", dataset_node(d, v)
+                source = dataset_node(d, v)
                 if meta.job_id:
-                    add_edge(conn, source_kind, source, "job", meta.job_id, created)
+                    add_edge(conn, "dataset_version", source, "job", meta.job_id, created)
                 else:
-                    add_edge(conn, source_kind, source, "model_version", node, created)
+                    add_edge(conn, "dataset_version", source, "model_version", node, created)
             record(
                 conn,
                 "gantry.model.registered",

@@ -1,4 +1,4 @@
-"""The ``gantry`` command line: run the platform, administer it, emit events, audit.
+"""The ``gantry`` command line: run the platform, administer it, emit events, audit, govern data.
 
 ::
 
@@ -6,14 +6,19 @@
     gantry admin init | token create | service-account create
     gantry events emit TYPE --data '{...}' --source S --actor A
     gantry audit query | export | report | verify | proof
+    gantry data create | list | show | upload | commit | log | diff | rollback
+    gantry data read | download | grant | lineage | policy show | policy set
+    gantry models list | show | register | download
 
-Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``) are loaded once in
-:func:`main` and handed to every command; ``--data-dir`` and ``--token`` override them. Every
-error Gantry raises on purpose is printed as ``gantry: error: <message>`` with exit status 2.
+Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``,
+``GANTRY_GOVERNANCE_ADDR``) are loaded once in :func:`main` and handed to every command;
+``--data-dir`` and ``--token`` override them. Every error Gantry raises on purpose is printed as
+``gantry: error: <message>`` with exit status 2.
 
 This module holds the root app and the entry point; each command group lives in a module of its
-own (``_up``, ``_admin``, ``_events``, ``_audit``, ``_audit_verify``) and what they share in
-``_common``. The names in ``__all__`` are the package's public surface.
+own (``_up``, ``_admin``, ``_events``, ``_audit``, ``_audit_verify``, ``_data``,
+``_data_access``, ``_models``) and what they share in ``_common``. The names in ``__all__`` are
+the package's public surface.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from gantry.client.cli._common import (
     parse_time,
     print_error,
 )
+from gantry.client.cli._data import data_app
 from gantry.client.cli._events import events_app
+from gantry.client.cli._models import models_app
 from gantry.client.cli._up import up
 from gantry.client.config import ClientSettings
 from gantry.core import GantryError, load_settings
@@ -43,7 +50,7 @@ from gantry.core import GantryError, load_settings
 app = typer.Typer(
     cls=GantryGroup,
     name="gantry",
-    help="Gantry: run the platform, administer it, emit events and audit what happened.",
+    help="Gantry: run the platform, administer it, emit events, audit, and govern data and models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -52,11 +59,13 @@ app.command("up")(up)
 app.add_typer(admin_app, name="admin")
 app.add_typer(events_app, name="events")
 app.add_typer(audit_app, name="audit")
+app.add_typer(data_app, name="data")
+app.add_typer(models_app, name="models")
 
 
 @app.callback()
 def _root(ctx: typer.Context) -> None:
-    """Gantry: run the platform, administer it, emit events and audit what happened."""
+    """Gantry: run the platform, administer it, emit events, audit, and govern data and models."""
     if not isinstance(ctx.obj, State):  # invoked without main(), e.g. by a test runner
         settings = load_settings(ClientSettings)
         configure_cli_logging(settings)

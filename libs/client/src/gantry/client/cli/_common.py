@@ -14,7 +14,7 @@ import errno
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -22,6 +22,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import structlog
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from typer.core import TyperGroup
 
 from gantry.client.config import ClientSettings
@@ -29,6 +37,7 @@ from gantry.core import CommonSettings, ConfigError, GantryError, InvalidInput
 
 if TYPE_CHECKING:
     from gantry.client.audit import AuditClient
+    from gantry.client.governance import GovernanceClient
     from gantry.security import TrustStore
 
 # Modules that import gantry.events are imported inside the commands, after main() has set up
@@ -97,7 +106,7 @@ def command_settings(
     return settings.model_copy(update=update) if update else settings
 
 
-# ---------------------------------------------------------------------- audit service access
+# ---------------------------------------------------------------------- service access
 
 
 @contextlib.contextmanager
@@ -107,6 +116,38 @@ def audit_client(settings: ClientSettings) -> Iterator[AuditClient]:
 
     with AuditClient(settings.address("audit"), settings.bearer()) as client:
         yield client
+
+
+@contextlib.contextmanager
+def governance_client(settings: ClientSettings) -> Iterator[GovernanceClient]:
+    """A :class:`GovernanceClient` (datasets and models) for the configured address and token."""
+    from gantry.client.governance import GovernanceClient
+
+    with GovernanceClient(settings.address("governance"), settings.bearer()) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def transfer_progress(
+    state: State, description: str, total: int | None
+) -> Iterator[Callable[[int], None]]:
+    """A byte progress bar on stderr (only on a terminal); yields the callback to advance it.
+
+    The callback may be called from another thread (gRPC pulls uploads from its own).
+    """
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=state.err,
+        transient=True,
+        disable=not state.err.is_terminal,
+    )
+    with progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n: progress.advance(task, n)
 
 
 def audit_trust(settings: ClientSettings) -> TrustStore:

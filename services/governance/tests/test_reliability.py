@@ -105,7 +105,11 @@ def test_a_commit_killed_midway_is_all_or_nothing(proc: Proc) -> None:
         upload_id = _upload(stub, md, people(2000, start=attempt * 2000))
         result: dict[str, object] = {}
 
-        def commit(upload_id: str = upload_id, result: dict[str, object] = result) -> None:
+        def commit(
+            upload_id: str = upload_id,
+            result: dict[str, object] = result,
+            stub: pb_grpc.GovernanceServiceStub = stub,
+        ) -> None:
             try:
                 result["version"] = stub.Commit(
                     pb.CommitRequest(

@@ -25,7 +25,7 @@ from gantry.governance import store as db
 from gantry.governance.catalog import Catalog, now_ms
 from gantry.governance.changes import record
 
-TOKEN_PREFIX = "ggr_"
+TOKEN_PREFIX = "ggr_"  # noqa: S105 -- a marker, not a secret
 VIEWS = ("raw", "deidentified")
 
 

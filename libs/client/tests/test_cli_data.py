@@ -155,7 +155,9 @@ def test_policy_files_set_and_show(governance: Any, gantry: Gantry, loaded: Path
         "rules:\n  - {class: secret, transform: hash}\n": "unknown class 'secret'",
         "rules:\n  - {column: dob, transform: generalize, params: [year]}\n": "params must map",
         "policy: []\n": "unknown key 'policy'",
-        "rules:\n  - {class: pii, transform: hash}\n  - {class: pii, transform: drop}\n": "two rules for class pii",
+        "rules:\n  - {class: pii, transform: hash}\n  - {class: pii, transform: drop}\n": (
+            "two rules for class pii"
+        ),
     }
     for text, message in cases.items():
         policy.write_text(text)

@@ -1,11 +1,15 @@
-"""``python -m gantry.client.demo`` (``make demo``): the audit trail end to end in seconds.
+"""``python -m gantry.client.demo`` (``make demo``): governed data and its audit trail, end to end.
 
-Starts the embedded platform in a fresh temporary data directory, creates the service account
-``feature-store``, emits 1,000 signed ``gantry.data.accessed`` events through the SDK, then as
-an auditor: waits until the log holds them, counts them with a query, prints the access report
-for ``dataset/customers``, waits for a signed checkpoint covering them, has the server verify
-the whole log and checks one inclusion proof locally. Exits 0 when every step worked, 1 (with
-the failing step and the services' last log lines) otherwise.
+Starts the embedded platform (NATS, audit, governance) in a fresh temporary data directory.
+A data steward registers the ``customers`` dataset with PII columns and uploads rows (sharded
+and encrypted at rest); an annotator reads them raw; an ml-developer reads the same version
+de-identified, and is refused when asking for it raw (:mod:`gantry.client.demo_data`). An
+outside service, ``feature-store``, reports 1,000 reads of its own as signed
+``gantry.data.accessed`` events through the SDK. Then, as an auditor: waits until the log holds
+everything, counts the events with a query, prints the access report for
+``dataset/customers`` (the refused raw read among them), waits for a signed checkpoint, has
+the server verify the whole log and checks one inclusion proof locally. Exits 0 when every
+step worked, 1 (with the failing step and the services' last log lines) otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,6 +34,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gantry.client.cli import access_table, configure_cli_logging
+from gantry.client.demo_data import (
+    ANNOTATOR,
+    DATASET,
+    DEVELOPER,
+    DataSummary,
+    governance_story,
+    samples_table,
+)
 from gantry.client.errors import RemoteNotFound
 from gantry.core import (
     CommonSettings,
@@ -60,6 +72,8 @@ class Summary:
     """What the demo achieved."""
 
     emitted: int = 0
+    data: DataSummary | None = None
+    denied_in_report: int = 0
     in_log: int = 0
     report_rows: int = 0
     verified_events: int = 0
@@ -142,6 +156,7 @@ def run(
     data_dir: Path,
     *,
     count: int = 1000,
+    rows: int = 20_000,
     nats_port: int = 0,
     console: Console | None = None,
     log_sink: Callable[[str], None] | None = None,
@@ -163,8 +178,16 @@ def run(
         log_sink=log_sink,
     )
     try:
-        with steps.step("platform started (NATS + audit service)"):
-            platform.start(timeout_s=45)
+        with steps.step("platform started (NATS, audit and governance services)"):
+            platform.start(timeout_s=60)
+        summary.data = governance_story(
+            platform.address("governance"), data_dir, steps.step, console, rows=rows
+        )
+        console.print(samples_table("annotator's raw view", summary.data.raw_sample))
+        console.print(
+            samples_table("ml-developer's de-identified view", summary.data.deidentified_sample)
+        )
+        console.print(f"[yellow]refused:[/] {escape(summary.data.denied)}")
         with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
             _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
         with steps.step(f"{count:,} signed {EVENT_TYPE} events emitted"):
@@ -204,9 +227,17 @@ def _audit(
         summary.in_log = sum(1 for _ in client.query(flt, page_size=1000))
         if summary.in_log != len(ids):
             raise IntegrityError(f"the log holds {summary.in_log} of {len(ids)} emitted events")
-    with steps.step(f"access report for {RESOURCE}"):
-        report = client.access_report(RESOURCE)
+    with steps.step(f"access report for {RESOURCE} shows the governed reads"):
+
+        def governed() -> Any:
+            report = client.access_report(RESOURCE)
+            denied = sum(r.denied for r in report.rows if r.actor == DEVELOPER)
+            ready = {DEVELOPER, ANNOTATOR} <= {r.actor for r in report.rows}
+            return report if ready and denied >= 1 else None
+
+        report = _poll("the governance service's reads in the audit log", governed, timeout_s=30)
         summary.report_rows = len(report.rows)
+        summary.denied_in_report = sum(r.denied for r in report.rows if r.actor == DEVELOPER)
     console.print(access_table(report))
 
     needed = max(indexes) + 1
@@ -240,7 +271,13 @@ def _summary_table(summary: Summary) -> Table:
     table = Table(title="Gantry demo", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("result", justify="right")
-    table.add_row("events emitted (signed)", f"{summary.emitted:,}")
+    if summary.data is not None:
+        d = summary.data
+        table.add_row(f"dataset {DATASET!r}", f"{d.rows:,} rows, {d.shards} encrypted shards")
+        table.add_row("version", d.version[:12])
+        table.add_row("de-identified columns", ", ".join(d.deidentified_columns))
+        table.add_row("raw read by ml-developer", f"refused, {summary.denied_in_report} in report")
+    table.add_row("events emitted by feature-store (signed)", f"{summary.emitted:,}")
     table.add_row("events in the audit log", f"{summary.in_log:,}")
     table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")
     table.add_row(
@@ -260,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "--data-dir", type=Path, help="use this data directory (default: a fresh temporary one)"
     )
     parser.add_argument("--events", type=int, default=1000, help="events to emit (1000)")
+    parser.add_argument("--rows", type=int, default=20_000, help="customer rows (20,000)")
     parser.add_argument(
         "--nats-port", type=int, default=0, help="preferred NATS port (default: any free one)"
     )
@@ -286,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = run(
                 data_dir,
                 count=args.events,
+                rows=args.rows,
                 nats_port=args.nats_port,
                 console=console,
                 log_sink=sink,

@@ -87,8 +87,10 @@ def parse_body_prefix(raw: bytes | bytearray | memoryview) -> tuple[bytes, int]:
     if len(raw) != BODY_PREFIX_LEN:
         raise MalformedHeader("the body is shorter than its 25-byte prefix")
     magic, version, object_id, chunk_size = _PREFIX.unpack(raw)
-    if magic != BODY_MAGIC or version != FORMAT_VERSION:
-        raise MalformedHeader(f"the body prefix is not format {FORMAT_VERSION} (magic {magic!r})")
+    if magic != BODY_MAGIC:
+        raise MalformedHeader(f"the body magic is {magic!r}, not {BODY_MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise MalformedHeader(f"body format version {version} is not {FORMAT_VERSION}")
     return object_id, chunk_size
 
 

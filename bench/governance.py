@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit_result  # noqa: E402
+from _common import emit_result
 
 MB = 1 << 20
 

@@ -191,3 +191,16 @@ async def test_key_rotation_rewraps_and_old_data_stays_readable(gov: Running) ->
     assert (await gov.read("people", "raw")).num_rows == 30
     deid = await gov.read("people", "deidentified", user="dev", role="ml-developer")
     assert deid.num_rows == 30
+
+
+async def test_a_retired_key_without_rewrap_gives_a_clear_error(gov: Running) -> None:
+    await gov.create_people()
+    v = await gov.commit("people", [(await gov.upload("people", people(20))).upload_id])
+    keys = gov.service.objects.keys
+    keys.rotate()
+    keys.retire(1)  # an operator mistake: retired before re-wrapping
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gov.read("people", "raw", version=v.id, user="sam", role="data-steward")
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = refused.value.details() or ""
+    assert "KEK version 1, which was retired" in details and "restore the key ring" in details

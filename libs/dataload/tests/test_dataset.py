@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gantry.core import InvalidInput
-from gantry.dataload import GovernedDataset, LocalShardSource, loader
+from gantry.dataload import GovernedDataset, GrantRefused, LocalShardSource, loader
 
 
 def batch_ids(batches: Iterable[Any]) -> list[int]:
@@ -187,3 +187,16 @@ def test_parquet_shards_read_like_arrow_shards(
     arrow_files: list[Path], parquet_files: list[Path]
 ) -> None:
     assert batch_ids(dataset(parquet_files)) == batch_ids(dataset(arrow_files))
+
+
+class _RevokedSource(LocalShardSource):
+    """Lists shards, then refuses every read, as when a grant is revoked mid-job."""
+
+    def fetch(self, shard_id: str) -> bytes:
+        raise GrantRefused("grant g-7 was revoked", resource="dataset 'patients'")
+
+
+def test_a_refusal_in_a_worker_reaches_the_script_as_the_same_type(arrow_files: list[Path]) -> None:
+    ds = GovernedDataset(_RevokedSource(arrow_files), 16, rank=0, world_size=1)
+    with pytest.raises(GrantRefused, match="grant g-7 was revoked"):
+        list(loader(ds, num_workers=2, persistent_workers=False))

@@ -7,6 +7,8 @@ Reading, downloading and governing access (``read``, ``download``, ``grant``, ``
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -323,6 +325,7 @@ def data_log(
     ctx: typer.Context,
     name: NameArg,
     limit: Annotated[int, typer.Option("--limit", min=0, help="At most N versions; 0 = all.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="A JSON array, for scripts.")] = False,
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -330,6 +333,10 @@ def data_log(
     settings = command_settings(ctx, data_dir, token)
     with governance_client(settings) as client:
         versions = client.log(name, limit)
+    if as_json:
+        keys = ("id", "parents", "author", "created_ms", "rows", "bytes", "message", "rollback_of")
+        print(json.dumps([{k: getattr(v, k) for k in keys} for v in versions], default=list))
+        return
     table = Table(
         title=f"{escape(name)}: {len(versions)} version{'' if len(versions) == 1 else 's'}"
     )

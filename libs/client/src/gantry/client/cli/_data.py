@@ -8,7 +8,6 @@ Reading, downloading and governing access (``read``, ``download``, ``grant``, ``
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 

@@ -36,9 +36,11 @@ test: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) bench/audit_ingest.py --quick
+	$(PY) bench/governance.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
+	$(PY) bench/governance.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

@@ -162,8 +162,9 @@ def database_url(request: pytest.FixtureRequest) -> str | None:
 
 
 @pytest.fixture
-async def gov(tmp_path: Path, nats_url: str) -> AsyncIterator[Running]:
-    async with running(governance_settings(tmp_path / "data", nats_url)) as r:
+async def gov(tmp_path: Path, nats_url: str, database_url: str | None) -> AsyncIterator[Running]:
+    """The service on SQLite and on PostgreSQL (skipped where none is reachable)."""
+    async with running(governance_settings(tmp_path / "data", nats_url, database_url)) as r:
         yield r
 
 

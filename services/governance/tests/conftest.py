@@ -191,6 +191,22 @@ async def stream_events(
         await nc.close()
 
 
+async def dead_letter_reasons(nats_url: str, subject: str, *, wait_s: float = 5.0) -> list[str]:
+    """The reasons (header) of the dead letters on ``subject``; waits for at least one."""
+    nc = await nats.connect(nats_url)
+    try:
+        sub = await nc.jetstream().pull_subscribe(subject, durable=None)
+        async with asyncio.timeout(wait_s):
+            while True:
+                try:
+                    msgs = await sub.fetch(10, timeout=0.5)
+                except nats.errors.TimeoutError:
+                    continue
+                return [(m.headers or {}).get("Gantry-Dead-Reason", "") for m in msgs]
+    finally:
+        await nc.close()
+
+
 async def publish_event(nats_url: str, event: EventEnvelope, signer: Any) -> None:
     """Publish a signed event the way a platform service does."""
     from gantry.events import Bus, Publisher

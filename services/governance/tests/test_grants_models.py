@@ -11,7 +11,7 @@ import pytest
 from gantry.events import EventEnvelope
 from gantry.protos.v1 import governance_pb2 as pb
 
-from .conftest import Running, people, publish_event, stream_events
+from .conftest import Running, dead_letter_reasons, people, publish_event, stream_events
 
 
 async def _scheduled(gov: Running, nats_url: str, job: str, datasets: list[dict[str, str]]) -> None:
@@ -204,3 +204,73 @@ async def test_a_retired_key_without_rewrap_gives_a_clear_error(gov: Running) ->
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = refused.value.details() or ""
     assert "KEK version 1, which was retired" in details and "restore the key ring" in details
+
+
+async def test_grants_can_be_listed_and_revoked(gov: Running, nats_url: str) -> None:
+    await gov.create_people()
+    v = await gov.commit("people", [(await gov.upload("people", people(10))).upload_id])
+    grant = await gov.stub.IssueGrant(
+        pb.IssueGrantRequest(
+            job_id="job-r", versions=[pb.GrantedVersion(dataset="people", version=v.id)],
+            view="deidentified",
+        ),
+        metadata=gov.md(),
+    )  # fmt: skip
+    worker = {"user": "svc-agent", "role": "service", "kind": "service"}
+    assert (await gov.read("people", "deidentified", grant=grant.token, **worker)).num_rows == 10
+    listed = await gov.stub.ListGrants(pb.ListGrantsRequest(job_id="job-r"), metadata=gov.md())
+    assert [g.id for g in listed.grants] == [grant.id] and listed.grants[0].token == ""
+    revoked = await gov.stub.RevokeGrant(
+        pb.RevokeGrantRequest(grant_id=grant.id, reason="job cancelled"), metadata=gov.md()
+    )
+    assert revoked.revoked
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gov.read("people", "deidentified", grant=grant.token, **worker)
+    assert "revoked" in (refused.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as denied:
+        await gov.stub.RevokeGrant(
+            pb.RevokeGrantRequest(grant_id=grant.id), metadata=gov.md("dev", "ml-developer")
+        )
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    events = await stream_events(nats_url, "gantry.data.grant.revoked")
+    assert events[0].data["reason"] == "job cancelled"
+
+
+async def test_only_the_scheduler_places_jobs(gov: Running, nats_url: str) -> None:
+    """A job.scheduled from an outside account's key is dead-lettered, never a grant."""
+    from gantry.security.keyring import Keyring
+
+    await gov.create_people()
+    v = await gov.commit("people", [(await gov.upload("people", people(5))).upload_id])
+    outsider = Keyring(gov.settings.keys_dir).account_key("intruder")
+    event = EventEnvelope(
+        type="gantry.job.scheduled",
+        source="intruder",
+        actor="mallory",
+        data={"job_id": "job-x", "owner": "mallory", "owner_roles": ["data-steward"],
+              "datasets": [{"dataset": "people", "version": v.id, "view": "raw"}]},
+    )  # fmt: skip
+    await publish_event(nats_url, event, outsider)
+    reasons = await dead_letter_reasons(nats_url, "gantry.deadletter.governance-jobs")
+    assert "only the scheduler" in reasons[0]
+    with pytest.raises(grpc.aio.AioRpcError) as none:
+        await gov.stub.IssueGrant(
+            pb.IssueGrantRequest(job_id="job-x"),
+            metadata=gov.md("svc-agent", "service", "service"),
+        )
+    assert none.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_an_upload_left_uncommitted_too_long_expires(gov: Running) -> None:
+    from gantry.governance.store import uploads
+
+    await gov.create_people()
+    up = await gov.upload("people", people(3000))
+    with gov.service.engine.begin() as conn:
+        conn.execute(uploads.update().values(active_ms=1))  # finished long ago
+    with pytest.raises(grpc.aio.AioRpcError) as expired:
+        await gov.commit("people", [up.upload_id])
+    assert expired.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "expired" in (expired.value.details() or "")
+    gc = await gov.stub.CollectGarbage(pb.CollectGarbageRequest(), metadata=gov.md())
+    assert gc.removed_objects == up.shards

@@ -193,6 +193,8 @@ class Grant:
     view: str = ""
     expires_ms: int = 0
     issued_by: str = ""
+    revoked: bool = False
+    created_ms: int = 0
 
     @classmethod
     def from_pb(cls, m: pb.Grant) -> Grant:
@@ -205,6 +207,8 @@ class Grant:
             m.view,
             m.expires_ms,
             m.issued_by,
+            m.revoked,
+            m.created_ms,
         )
 
 

@@ -400,6 +400,17 @@ class DataClient(GovernanceConnection):
         )
         return Grant.from_pb(self._call("IssueGrant", request))
 
+    def revoke_grant(self, grant_id: str, reason: str = "") -> Grant:
+        """Revoke a grant now; its token opens nothing afterwards (idempotent)."""
+        request = pb.RevokeGrantRequest(grant_id=grant_id, reason=reason)
+        return Grant.from_pb(self._call("RevokeGrant", request))
+
+    def list_grants(self, job_id: str = "", *, include_expired: bool = False) -> list[Grant]:
+        """Grants (of one job when given), newest first; tokens are never listed."""
+        request = pb.ListGrantsRequest(job_id=job_id, include_expired=include_expired)
+        reply: pb.ListGrantsResponse = self._call("ListGrants", request)
+        return [Grant.from_pb(g) for g in reply.grants]
+
     def lineage(
         self,
         *,

@@ -68,7 +68,9 @@ class DataAccessed(EventData):
     shards: list[str] = Field(default_factory=list, description="shard ids read")
     grant: str = Field(default="", description="the grant id the read used, if any")
     job_id: str = Field(default="", description="the job the grant was issued for, if any")
-    policy_version: int = Field(default=0, ge=0, description="view policy applied (0: raw)")
+    policy_version: int = Field(
+        default=0, ge=0, description="view policy version applied (0: raw, or the default)"
+    )
     reason: str = Field(default="", description="why a read was denied")
 
 
@@ -110,6 +112,14 @@ class GrantIssued(EventData):
     view: Literal["raw", "deidentified"]
     versions: list[dict[str, str]] = Field(default_factory=list)
     expires_ms: int
+
+
+class GrantRevoked(EventData):
+    """A grant was revoked before it expired; its token opens nothing any more."""
+
+    grant_id: str
+    job_id: str
+    reason: str = ""
 
 
 class KeysRotated(EventData):
@@ -241,6 +251,9 @@ VIEW_POLICY_CHANGED = register(
     "gantry.data.policy.changed", 1, ViewPolicyChanged, "A view policy got a new version."
 )
 GRANT_ISSUED = register("gantry.data.grant.issued", 1, GrantIssued, "A job got a read grant.")
+GRANT_REVOKED = register(
+    "gantry.data.grant.revoked", 1, GrantRevoked, "A job's read grant was revoked."
+)
 KEYS_ROTATED = register(
     "gantry.data.keys.rotated", 1, KeysRotated, "The storage key-encryption key was rotated."
 )
@@ -260,6 +273,7 @@ __all__ = [
     "DATA_ACCESSED",
     "GARBAGE_COLLECTED",
     "GRANT_ISSUED",
+    "GRANT_REVOKED",
     "JOB_SCHEDULED",
     "KEYS_ROTATED",
     "MODEL_REGISTERED",
@@ -275,6 +289,7 @@ __all__ = [
     "EventSpec",
     "GarbageCollected",
     "GrantIssued",
+    "GrantRevoked",
     "JobScheduled",
     "KeysRotated",
     "ModelRegistered",

@@ -15,10 +15,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 
-def inbox_table(metadata: sa.MetaData) -> sa.Table:
-    """The ``event_inbox`` table, added to ``metadata``."""
+def inbox_table(metadata: sa.MetaData, name: str = "event_inbox") -> sa.Table:
+    """The inbox table (``event_inbox`` unless named), added to ``metadata``."""
     return sa.Table(
-        "event_inbox",
+        name,
         metadata,
         sa.Column("consumer", sa.String(128), primary_key=True),
         sa.Column("event_id", sa.String(64), primary_key=True),

@@ -20,10 +20,14 @@ from gantry.events.publisher import Publisher
 _log = get_logger("gantry.events.outbox")
 
 
-def outbox_table(metadata: sa.MetaData) -> sa.Table:
-    """The ``event_outbox`` table, added to ``metadata``."""
+def outbox_table(metadata: sa.MetaData, name: str = "event_outbox") -> sa.Table:
+    """The outbox table (``event_outbox`` unless named), added to ``metadata``.
+
+    Services that may share one database give their outbox a name of their own, so that each
+    relay publishes only its own service's events, under its own key.
+    """
     return sa.Table(
-        "event_outbox",
+        name,
         metadata,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("event_id", sa.String(64), nullable=False, unique=True),

@@ -69,6 +69,8 @@ METHOD_RULES: dict[str, MethodRule] = {
         "SetViewPolicy": _rule("update", "dataset"),
         "GetViewPolicy": _rule("list", "dataset"),
         "IssueGrant": _rule("create", "grant"),
+        "RevokeGrant": _rule("revoke", "grant"),
+        "ListGrants": _rule("list", "grant"),
         "GetLineage": _rule("list", "dataset"),
         "RegisterModel": _rule("register", "model"),
         "ListModels": _rule("list", "model"),
@@ -473,6 +475,33 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         return grant_pb(grant, token)
 
     @_errors
+    async def RevokeGrant(self, request: pb.RevokeGrantRequest, context: Any) -> pb.Grant:
+        """Revoke a grant before it expires."""
+        principal = current_principal()
+        grant = await asyncio.to_thread(
+            functools.partial(
+                self.d.grants.revoke,
+                request.grant_id,
+                actor=principal.subject,
+                reason=request.reason,
+                correlation_id=_correlation(context),
+            )
+        )
+        return grant_pb(grant)
+
+    @_errors
+    async def ListGrants(
+        self, request: pb.ListGrantsRequest, context: Any
+    ) -> pb.ListGrantsResponse:
+        """Grants, without their tokens."""
+        found = await asyncio.to_thread(
+            functools.partial(
+                self.d.grants.list, request.job_id, include_expired=request.include_expired
+            )
+        )
+        return pb.ListGrantsResponse(grants=[grant_pb(g) for g in found])
+
+    @_errors
     async def GetLineage(self, request: pb.LineageRequest, context: Any) -> pb.LineageResponse:
         """Lineage around a dataset version, a job or a model version."""
         version = request.version
@@ -513,6 +542,10 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             if first is None or first.WhichOneof("part") != "start":
                 raise InvalidInput("a model upload must start with a ModelStart message")
             s = first.start
+            trained_on = []
+            for v in s.trained_on:
+                found = await asyncio.to_thread(self.d.catalog.get_version, v.dataset, v.version)
+                trained_on.append((v.dataset, found.id))
             meta = ModelMeta(
                 name=s.name,
                 framework=s.framework,
@@ -520,11 +553,13 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 metrics=dict(s.metrics),
                 signature_json=s.signature_json,
                 description=s.description,
-                trained_on=[(v.dataset, v.version) for v in s.trained_on],
+                trained_on=trained_on,
             )
             upload = await asyncio.to_thread(self.d.registry.begin, meta, principal.subject)
             last = first.last
             async for message in request_iterator:
+                if last:
+                    raise InvalidInput("the model upload continued after its last message")
                 if message.WhichOneof("part") == "data":
                     await asyncio.to_thread(upload.write, message.data)
                 last = message.last

@@ -67,7 +67,7 @@ class GovernanceService:
     def domain(self, authorizer: Authorizer, sink: EventDecisionSink) -> Domain:
         """The domain objects over this process's database and object store."""
         g = self.settings.governance
-        catalog = Catalog(self.engine)
+        catalog = Catalog(self.engine, upload_ttl_s=g.upload_ttl_s)
         grants = Grants(catalog, default_ttl_s=g.grant_ttl_s, max_ttl_s=g.max_grant_ttl_s)
         registry = Registry(self.engine, self.objects)
         return Domain(

@@ -110,8 +110,9 @@ def _dataset(row: Any) -> DatasetRecord:
 class Catalog:
     """Datasets and versions over the catalog database."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, *, upload_ttl_s: int = 24 * 3600) -> None:
         self.engine = engine
+        self.upload_ttl_s = upload_ttl_s
 
     # ------------------------------------------------------------------ datasets
 
@@ -264,6 +265,11 @@ class Catalog:
             )
 
     def _check_parent(self, ds: DatasetRecord, parent: str) -> str:
+        if parent and parent != ds.head and len(parent) < 6:
+            raise InvalidInput(
+                f"parent {parent!r} is too short to name a version",
+                hint="give the id or at least its first 6 hex digits",
+            )
         if parent and parent != ds.head and not ds.head.startswith(parent):
             raise Conflict(
                 f"dataset {ds.name!r} has moved on: its head is {ds.head[:12] or '(none)'}, "
@@ -276,6 +282,12 @@ class Catalog:
         row = conn.execute(sa.select(db.uploads).where(db.uploads.c.id == upload_id)).first()
         if row is None or row.dataset != dataset:
             raise NotFound(f"upload of dataset {dataset!r}", upload_id)
+        if row.state == "complete" and row.active_ms < now_ms() - self.upload_ttl_s * 1000:
+            raise Conflict(
+                f"upload {upload_id} finished more than {self.upload_ttl_s} s ago and has "
+                "expired (its content may already be collected)",
+                hint="upload the data again and commit the new upload id promptly",
+            )
         if row.state != "complete":
             state = {
                 "open": "still in progress or was interrupted (never finished)",

@@ -17,6 +17,7 @@ from gantry.events import (
     Delivery,
     EventVerifier,
     Inbox,
+    PermanentError,
     Publisher,
 )
 from gantry.events.catalog import JobScheduled
@@ -24,6 +25,9 @@ from gantry.governance.grants import Grants
 from gantry.governance.store import inbox
 
 DURABLE = "governance-jobs"
+#: Only the scheduler places jobs: its events come from this source, which the consumer only
+#: accepts when signed by a platform service key (``svc-*``), never an outside account's.
+SCHEDULER_SOURCE = "gantry/scheduler"
 _log = get_logger("gantry.governance.consumers")
 
 
@@ -57,6 +61,14 @@ class JobEvents:
 
     async def handle(self, batch: Sequence[Delivery]) -> None:
         """Remember each scheduled job's data needs (once per event)."""
+        for delivery in batch:
+            event = delivery.event
+            if event.source != SCHEDULER_SOURCE or not (delivery.signer or "").startswith("svc-"):
+                raise PermanentError(
+                    f"gantry.job.scheduled from {event.source!r} signed by {delivery.signer!r} "
+                    f"is refused: only the scheduler ({SCHEDULER_SOURCE}, a service key) "
+                    "places jobs"
+                )
         await asyncio.to_thread(self._store, batch)
 
     def _store(self, batch: Sequence[Delivery]) -> None:
@@ -77,4 +89,4 @@ class JobEvents:
         self.runner.stop()
 
 
-__all__ = ["DURABLE", "JobEvents"]
+__all__ = ["DURABLE", "SCHEDULER_SOURCE", "JobEvents"]

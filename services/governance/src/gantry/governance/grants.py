@@ -14,13 +14,14 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import orjson
 import sqlalchemy as sa
 
 from gantry.core import InvalidInput, NotFound, PermissionDenied, new_id
-from gantry.events.catalog import GrantIssued, JobScheduled
+from gantry.events.catalog import GrantIssued, GrantRevoked, JobScheduled
 from gantry.governance import store as db
 from gantry.governance.catalog import Catalog, now_ms
 from gantry.governance.changes import record
@@ -51,6 +52,7 @@ class GrantRecord:
     issued_by: str
     created_ms: int
     expires_ms: int
+    revoked: bool = False
 
     def covers(self, dataset: str, version: str) -> bool:
         """Whether the grant names this dataset version."""
@@ -67,8 +69,21 @@ class ScheduledJob:
     datasets: tuple[tuple[str, str, str], ...]  # (dataset, version, view)
 
 
+def _grant(row: Any) -> GrantRecord:
+    return GrantRecord(
+        id=row.id,
+        job_id=row.job_id,
+        view=row.view,
+        versions=tuple((d["dataset"], d["version"]) for d in orjson.loads(row.versions_json)),
+        issued_by=row.issued_by,
+        created_ms=row.created_ms,
+        expires_ms=row.expires_ms,
+        revoked=bool(row.revoked),
+    )
+
+
 class Grants:
-    """Issues and checks grants."""
+    """Issues, checks, lists and revokes grants."""
 
     def __init__(self, catalog: Catalog, *, default_ttl_s: int, max_ttl_s: int) -> None:
         self.catalog = catalog
@@ -189,15 +204,39 @@ class Grants:
             raise PermissionDenied(
                 f"job {row.job_id}", "read", "dataset", reason=f"grant {row.id} was revoked"
             )
-        return GrantRecord(
-            id=row.id,
-            job_id=row.job_id,
-            view=row.view,
-            versions=tuple((d["dataset"], d["version"]) for d in orjson.loads(row.versions_json)),
-            issued_by=row.issued_by,
-            created_ms=row.created_ms,
-            expires_ms=row.expires_ms,
-        )
+        return _grant(row)
+
+    def revoke(
+        self, grant_id: str, *, actor: str, reason: str = "", correlation_id: str | None = None
+    ) -> GrantRecord:
+        """Revoke a grant now (idempotent); its token opens nothing afterwards."""
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(db.grants).where(db.grants.c.id == grant_id)).first()
+            if row is None:
+                raise NotFound("grant", grant_id, hint="list grants with `gantry data grants`")
+            if not row.revoked:
+                conn.execute(
+                    db.grants.update().where(db.grants.c.id == grant_id).values(revoked=True)
+                )
+                record(
+                    conn,
+                    "gantry.data.grant.revoked",
+                    GrantRevoked(grant_id=grant_id, job_id=row.job_id, reason=reason),
+                    actor=actor,
+                    subject=f"job/{row.job_id}",
+                    correlation_id=correlation_id,
+                )
+        return replace(_grant(row), revoked=True)
+
+    def list(self, job_id: str = "", *, include_expired: bool = False) -> list[GrantRecord]:
+        """Grants (never their tokens), newest first."""
+        query = sa.select(db.grants).order_by(db.grants.c.created_ms.desc()).limit(1000)
+        if job_id:
+            query = query.where(db.grants.c.job_id == job_id)
+        if not include_expired:
+            query = query.where(db.grants.c.expires_ms > now_ms())
+        with self.engine.connect() as conn:
+            return [_grant(r) for r in conn.execute(query).all()]
 
     # ------------------------------------------------------------------ scheduled jobs
 

@@ -17,13 +17,16 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from gantry.core import get_logger
 from gantry.events.catalog import GarbageCollected, KeysRotated
 from gantry.governance import store as db
 from gantry.governance.catalog import now_ms
 from gantry.governance.changes import record
 from gantry.governance.manifest import Manifest
 from gantry.governance.registry import Registry
-from gantry.storage import ObjectStore
+from gantry.storage import ObjectInfo, ObjectNotFound, ObjectStore, StorageError
+
+_log = get_logger("gantry.governance.maintenance")
 
 #: Unreferenced objects younger than this are kept: a model artifact is written just before
 #: its registry row, and an object from an unknown writer deserves the benefit of the doubt.
@@ -78,13 +81,34 @@ class Maintenance:
                 .join(db.uploads, db.uploads.c.id == db.upload_shards.c.upload_id)
                 .where(
                     db.uploads.c.state.in_(["open", "complete"]),
-                    db.uploads.c.created_ms >= cutoff,
+                    db.uploads.c.active_ms >= cutoff,
                 )
             ).all()
             live.update(str(r.object_name) for r in rows)
             for (name,) in conn.execute(sa.select(db.datasets.c.name)).all():
                 live.add(f"datasets/{name}/secrets")
         return live
+
+    def _listing(self) -> tuple[list[ObjectInfo], int]:
+        """Every dataset and model object; ones whose header cannot be read are kept aside.
+
+        An object wrapped by a retired key, or with a damaged header, is never collected
+        automatically (it is counted as kept and logged) and does not stop the collection.
+        """
+        found: list[ObjectInfo] = []
+        unreadable = 0
+        for prefix in ("datasets/", "models/"):
+            for name in self.objects.names(prefix):
+                try:
+                    found.append(self.objects.stat(name))
+                except ObjectNotFound:
+                    continue
+                except StorageError as exc:
+                    unreadable += 1
+                    _log.warning(
+                        "object kept: its header cannot be read", object=name, error=str(exc)
+                    )
+        return found, unreadable
 
     def dead_upload_objects(self) -> set[str]:
         """Objects of uploads that were aborted or expired unfinished (removable at once)."""
@@ -97,7 +121,7 @@ class Maintenance:
                 .where(
                     sa.or_(
                         u.state == "aborted",
-                        sa.and_(u.state.in_(["open", "complete"]), u.created_ms < cutoff),
+                        sa.and_(u.state.in_(["open", "complete"]), u.active_ms < cutoff),
                     )
                 )
             ).all()
@@ -109,11 +133,12 @@ class Maintenance:
             # List first, then read what is live: an upload records its shard in the database
             # before writing the object, so anything listed here is either in the live set
             # read afterwards or truly unreferenced.
-            listed = [i for p in ("datasets/", "models/") for i in self.objects.list(p)]
+            listed, unreadable = self._listing()
             live = self.live_objects()
             dead = self.dead_upload_objects()
             young = now_ms() - GRACE_MS
-            removed = removed_bytes = kept = 0
+            removed = removed_bytes = 0
+            kept = unreadable
             for info in listed:
                 if info.name in live or (info.name not in dead and info.created_ms > young):
                     kept += 1
@@ -128,7 +153,10 @@ class Maintenance:
                 with self.engine.begin() as conn:
                     conn.execute(
                         db.uploads.update()
-                        .where(db.uploads.c.state == "open", db.uploads.c.created_ms < cutoff)
+                        .where(
+                            db.uploads.c.state.in_(["open", "complete"]),
+                            db.uploads.c.active_ms < cutoff,
+                        )
                         .values(state="aborted")
                     )
                     record(

@@ -90,6 +90,8 @@ def grant_pb(g: GrantRecord, token: str = "") -> pb.Grant:
         view=g.view,
         expires_ms=g.expires_ms,
         issued_by=g.issued_by,
+        revoked=g.revoked,
+        created_ms=g.created_ms,
     )
 
 

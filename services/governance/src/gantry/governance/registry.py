@@ -152,6 +152,23 @@ class Registry:
         correlation_id: str | None = None,
     ) -> ModelRecord:
         """Register an artifact already in the store as the model's next version."""
+        for attempt in range(5):
+            try:
+                return self._add(meta, object_name, digest, size, principal, correlation_id)
+            except sa.exc.IntegrityError:  # another registration took the same number
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _add(
+        self,
+        meta: ModelMeta,
+        object_name: str,
+        digest: str,
+        size: int,
+        principal: str,
+        correlation_id: str | None,
+    ) -> ModelRecord:
         created = now_ms()
         trained = [{"dataset": d, "version": v} for d, v in meta.trained_on]
         with self.engine.begin() as conn:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gantry.core import CommonSettings
 from gantry.storage import StorageSettings
@@ -26,14 +26,14 @@ class GovernanceOptions(BaseModel):
     shard_bytes: int = Field(
         default=64 << 20,
         ge=64 << 10,
-        le=1 << 30,
+        le=256 << 20,
         description="Target size of a table shard in bytes of Arrow data (64 MiB): big enough "
         "that a shard is worth a request, small enough that loaders can spread shards over "
         "ranks and that one shard fits comfortably in a worker's memory.",
     )
     max_message_bytes: int = Field(
         default=16 << 20,
-        ge=1 << 20,
+        ge=16 << 20,
         description="Largest gRPC message accepted or sent (16 MiB); uploads stream in "
         "fragments well under this.",
     )
@@ -60,6 +60,15 @@ class GovernanceOptions(BaseModel):
     policy_file: Path | None = Field(
         default=None, description="RBAC policy YAML; default: the shipped policy."
     )
+
+    @model_validator(mode="after")
+    def _grant_ttls(self) -> GovernanceOptions:
+        if self.grant_ttl_s > self.max_grant_ttl_s:
+            raise ValueError(
+                f"grant_ttl_s ({self.grant_ttl_s}) is longer than max_grant_ttl_s "
+                f"({self.max_grant_ttl_s}); lower the default or raise the maximum"
+            )
+        return self
 
 
 class GovernanceSettings(CommonSettings):

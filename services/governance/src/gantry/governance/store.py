@@ -64,6 +64,7 @@ uploads = sa.Table(
     sa.Column("principal", sa.String(256), nullable=False),
     sa.Column("state", sa.String(16), nullable=False),  # open | complete | committed | aborted
     sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("active_ms", sa.BigInteger, nullable=False),  # last shard written or finished
     sa.Column("rows", sa.BigInteger, nullable=False, default=0),
     sa.Column("bytes", sa.BigInteger, nullable=False, default=0),
 )
@@ -150,8 +151,8 @@ schema_version = sa.Table(
     sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
 )
 
-outbox = outbox_table(metadata)
-inbox = inbox_table(metadata)
+outbox = outbox_table(metadata, "gov_outbox")
+inbox = inbox_table(metadata, "gov_inbox")
 
 SCHEMA_VERSION = 1
 

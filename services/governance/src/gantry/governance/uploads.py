@@ -180,6 +180,7 @@ class Uploads:
                     principal=principal,
                     state="open",
                     created_ms=now_ms(),
+                    active_ms=now_ms(),
                     rows=0,
                     bytes=0,
                 )
@@ -200,6 +201,9 @@ class Uploads:
                 sa.select(db.uploads.c.dataset).where(db.uploads.c.id == upload_id)
             ).scalar_one()
             seq = int(seq) + 1
+            conn.execute(
+                db.uploads.update().where(db.uploads.c.id == upload_id).values(active_ms=now_ms())
+            )
             conn.execute(
                 db.upload_shards.insert().values(
                     upload_id=upload_id,
@@ -244,7 +248,7 @@ class Uploads:
             done = conn.execute(
                 db.uploads.update()
                 .where(db.uploads.c.id == totals.upload_id, db.uploads.c.state == "open")
-                .values(state="complete", rows=totals.rows, bytes=totals.bytes)
+                .values(state="complete", rows=totals.rows, bytes=totals.bytes, active_ms=now_ms())
             )
             if done.rowcount != 1:
                 raise Conflict(f"upload {totals.upload_id} is no longer open")

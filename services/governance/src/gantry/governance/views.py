@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import orjson
 import sqlalchemy as sa
 
-from gantry.core import InvalidInput
+from gantry.core import Conflict, InvalidInput
 from gantry.events.catalog import ViewPolicyChanged
 from gantry.governance import store as db
 from gantry.governance.catalog import Catalog, DatasetRecord, columns_from_json, now_ms
@@ -148,9 +148,13 @@ class Views:
     ) -> PolicyRecord:
         """Store ``rules`` as the dataset's next policy version (checked against its schema)."""
         ds = self.catalog.get_dataset(dataset)
+        if ds.format != "table":
+            raise InvalidInput(
+                f"dataset {dataset!r} holds files, which a view policy cannot transform",
+                hint="its de-identified view depends on the files' classification only",
+            )
         policy = ViewPolicy(rules)
-        if ds.format == "table":
-            policy.check(ds.schema)
+        policy.check(ds.schema)
         text = policy_to_json(policy)
         created = now_ms()
         with self.engine.begin() as conn:
@@ -164,7 +168,7 @@ class Views:
                 .values(policy_version=version)
             )
             if moved.rowcount != 1:
-                raise InvalidInput(
+                raise Conflict(
                     f"the policy of {dataset!r} changed meanwhile", hint="look at it and retry"
                 )
             conn.execute(

@@ -29,8 +29,10 @@ from gantry.client.cli._common import (
 from gantry.client.cli._data_access import (
     data_download,
     data_grant,
+    data_grants,
     data_lineage,
     data_read,
+    data_revoke,
     policy_app,
 )
 from gantry.core import InvalidInput
@@ -421,5 +423,7 @@ def data_rollback(
 data_app.command("read")(data_read)
 data_app.command("download")(data_download)
 data_app.command("grant")(data_grant)
+data_app.command("grants")(data_grants)
+data_app.command("revoke")(data_revoke)
 data_app.command("lineage")(data_lineage)
 data_app.add_typer(policy_app, name="policy")

@@ -346,6 +346,47 @@ def data_grant(
     print(grant.token)
 
 
+def data_grants(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Option("--job", help="Only this job's grants.")] = "",
+    include_expired: Annotated[bool, typer.Option("--all", help="Include expired grants.")] = False,
+    data_dir: DataDirOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """List grants (never their tokens), newest first."""
+    settings = command_settings(ctx, data_dir, token)
+    with governance_client(settings) as client:
+        grants = client.list_grants(job_id, include_expired=include_expired)
+    table = Table(title=f"{len(grants)} grant{'' if len(grants) == 1 else 's'}")
+    for col in ("grant", "job", "view", "versions", "expires (UTC)", "issued by", "state"):
+        table.add_column(col)
+    for g in grants:
+        table.add_row(
+            g.id,
+            escape(g.job_id),
+            g.view,
+            escape(", ".join(str(v) for v in g.versions)),
+            iso_ms(g.expires_ms),
+            escape(g.issued_by),
+            "revoked" if g.revoked else "active",
+        )
+    state_of(ctx).out.print(table)
+
+
+def data_revoke(
+    ctx: typer.Context,
+    grant_id: Annotated[str, typer.Argument(help="The grant id (see `gantry data grants`).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in the audit.")] = "",
+    data_dir: DataDirOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Revoke a grant: its token opens nothing from now on."""
+    settings = command_settings(ctx, data_dir, token)
+    with governance_client(settings) as client:
+        grant = client.revoke_grant(grant_id, reason)
+    state_of(ctx).out.print(f"grant {grant.id} of job {grant.job_id} is revoked", markup=False)
+
+
 # ---------------------------------------------------------------------- lineage
 
 

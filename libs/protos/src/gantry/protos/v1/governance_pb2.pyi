@@ -622,6 +622,11 @@ Global___ReadRequest: _TypeAlias = ReadRequest  # noqa: Y015
 
 @_typing.final
 class ReadResponse(_message.Message):
+    """One or more messages per shard: for tables each carries a complete Arrow IPC stream of a
+    slice of the shard's rows (big shards are split into slices of about 8 MiB), in order; for
+    files, the file's chunks in order.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SHARD_FIELD_NUMBER: _builtins.int
@@ -630,7 +635,7 @@ class ReadResponse(_message.Message):
     ROWS_FIELD_NUMBER: _builtins.int
     shard: _builtins.str
     arrow_ipc: _builtins.bytes
-    """tables: the shard's rows in the view, as one Arrow IPC stream"""
+    """tables: rows of the shard in the view, one Arrow IPC stream"""
     rows: _builtins.int
     @_builtins.property
     def file_chunk(self) -> Global___FileChunk:
@@ -904,6 +909,8 @@ class Grant(_message.Message):
     VIEW_FIELD_NUMBER: _builtins.int
     EXPIRES_MS_FIELD_NUMBER: _builtins.int
     ISSUED_BY_FIELD_NUMBER: _builtins.int
+    REVOKED_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     token: _builtins.str
     """shown once; present it as ReadRequest.grant"""
@@ -911,6 +918,8 @@ class Grant(_message.Message):
     view: _builtins.str
     expires_ms: _builtins.int
     issued_by: _builtins.str
+    revoked: _builtins.bool
+    created_ms: _builtins.int
     @_builtins.property
     def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___GrantedVersion]: ...
     def __init__(
@@ -923,14 +932,81 @@ class Grant(_message.Message):
         view: _builtins.str = ...,
         expires_ms: _builtins.int = ...,
         issued_by: _builtins.str = ...,
+        revoked: _builtins.bool = ...,
+        created_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_ms", b"expires_ms", "id", b"id", "issued_by", b"issued_by", "job_id", b"job_id", "token", b"token", "versions", b"versions", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "expires_ms", b"expires_ms", "id", b"id", "issued_by", b"issued_by", "job_id", b"job_id", "revoked", b"revoked", "token", b"token", "versions", b"versions", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Grant: _TypeAlias = Grant  # noqa: Y015
+
+@_typing.final
+class RevokeGrantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    grant_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        grant_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grant_id", b"grant_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeGrantRequest: _TypeAlias = RevokeGrantRequest  # noqa: Y015
+
+@_typing.final
+class ListGrantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_EXPIRED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """"" = every grant"""
+    include_expired: _builtins.bool
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        include_expired: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_expired", b"include_expired", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGrantsRequest: _TypeAlias = ListGrantsRequest  # noqa: Y015
+
+@_typing.final
+class ListGrantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___Grant]: ...
+    def __init__(
+        self,
+        *,
+        grants: _abc.Iterable[Global___Grant] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGrantsResponse: _TypeAlias = ListGrantsResponse  # noqa: Y015
 
 @_typing.final
 class LineageRequest(_message.Message):

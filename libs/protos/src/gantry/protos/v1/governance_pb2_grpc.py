@@ -104,6 +104,16 @@ class GovernanceServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.IssueGrantRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.Grant.FromString,
                 _registered_method=True)
+        self.RevokeGrant = channel.unary_unary(
+                '/gantry.governance.v1.GovernanceService/RevokeGrant',
+                request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.RevokeGrantRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.Grant.FromString,
+                _registered_method=True)
+        self.ListGrants = channel.unary_unary(
+                '/gantry.governance.v1.GovernanceService/ListGrants',
+                request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListGrantsRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListGrantsResponse.FromString,
+                _registered_method=True)
         self.GetLineage = channel.unary_unary(
                 '/gantry.governance.v1.GovernanceService/GetLineage',
                 request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.LineageRequest.SerializeToString,
@@ -228,6 +238,18 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeGrant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGrants(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetLineage(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -342,6 +364,16 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.IssueGrant,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.IssueGrantRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.Grant.SerializeToString,
+            ),
+            'RevokeGrant': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeGrant,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.RevokeGrantRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.Grant.SerializeToString,
+            ),
+            'ListGrants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGrants,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListGrantsRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListGrantsResponse.SerializeToString,
             ),
             'GetLineage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLineage,
@@ -757,6 +789,60 @@ class GovernanceService:
             '/gantry.governance.v1.GovernanceService/IssueGrant',
             gantry_dot_protos_dot_v1_dot_governance__pb2.IssueGrantRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_governance__pb2.Grant.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeGrant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.governance.v1.GovernanceService/RevokeGrant',
+            gantry_dot_protos_dot_v1_dot_governance__pb2.RevokeGrantRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_governance__pb2.Grant.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGrants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.governance.v1.GovernanceService/ListGrants',
+            gantry_dot_protos_dot_v1_dot_governance__pb2.ListGrantsRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_governance__pb2.ListGrantsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,8 @@ class GovernanceServiceStub:
     SetViewPolicy: _grpc.UnaryUnaryMultiCallable[_governance_pb2.SetViewPolicyRequest, _governance_pb2.ViewPolicy]
     GetViewPolicy: _grpc.UnaryUnaryMultiCallable[_governance_pb2.GetViewPolicyRequest, _governance_pb2.ViewPolicy]
     IssueGrant: _grpc.UnaryUnaryMultiCallable[_governance_pb2.IssueGrantRequest, _governance_pb2.Grant]
+    RevokeGrant: _grpc.UnaryUnaryMultiCallable[_governance_pb2.RevokeGrantRequest, _governance_pb2.Grant]
+    ListGrants: _grpc.UnaryUnaryMultiCallable[_governance_pb2.ListGrantsRequest, _governance_pb2.ListGrantsResponse]
     GetLineage: _grpc.UnaryUnaryMultiCallable[_governance_pb2.LineageRequest, _governance_pb2.LineageResponse]
     RegisterModel: _grpc.StreamUnaryMultiCallable[_governance_pb2.RegisterModelRequest, _governance_pb2.ModelVersion]
     ListModels: _grpc.UnaryUnaryMultiCallable[_governance_pb2.ListModelsRequest, _governance_pb2.ListModelsResponse]
@@ -72,6 +74,8 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     SetViewPolicy: _aio.UnaryUnaryMultiCallable[_governance_pb2.SetViewPolicyRequest, _governance_pb2.ViewPolicy]  # type: ignore[assignment]
     GetViewPolicy: _aio.UnaryUnaryMultiCallable[_governance_pb2.GetViewPolicyRequest, _governance_pb2.ViewPolicy]  # type: ignore[assignment]
     IssueGrant: _aio.UnaryUnaryMultiCallable[_governance_pb2.IssueGrantRequest, _governance_pb2.Grant]  # type: ignore[assignment]
+    RevokeGrant: _aio.UnaryUnaryMultiCallable[_governance_pb2.RevokeGrantRequest, _governance_pb2.Grant]  # type: ignore[assignment]
+    ListGrants: _aio.UnaryUnaryMultiCallable[_governance_pb2.ListGrantsRequest, _governance_pb2.ListGrantsResponse]  # type: ignore[assignment]
     GetLineage: _aio.UnaryUnaryMultiCallable[_governance_pb2.LineageRequest, _governance_pb2.LineageResponse]  # type: ignore[assignment]
     RegisterModel: _aio.StreamUnaryMultiCallable[_governance_pb2.RegisterModelRequest, _governance_pb2.ModelVersion]  # type: ignore[assignment]
     ListModels: _aio.UnaryUnaryMultiCallable[_governance_pb2.ListModelsRequest, _governance_pb2.ListModelsResponse]  # type: ignore[assignment]
@@ -178,6 +182,20 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _governance_pb2.IssueGrantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_governance_pb2.Grant, _abc.Awaitable[_governance_pb2.Grant]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeGrant(
+        self,
+        request: _governance_pb2.RevokeGrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_pb2.Grant, _abc.Awaitable[_governance_pb2.Grant]]: ...
+
+    @_abc_1.abstractmethod
+    def ListGrants(
+        self,
+        request: _governance_pb2.ListGrantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_pb2.ListGrantsResponse, _abc.Awaitable[_governance_pb2.ListGrantsResponse]]: ...
 
     @_abc_1.abstractmethod
     def GetLineage(

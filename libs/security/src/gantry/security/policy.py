@@ -183,7 +183,7 @@ class Policy:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"cannot read RBAC policy {path}: {exc}",
-                hint="check GANTRY_POLICY_FILE or the --policy path",
+                hint="check the service's policy_file setting (GANTRY_<SERVICE>__POLICY_FILE)",
             ) from None
         return cls.from_yaml(text, source=str(path))
 

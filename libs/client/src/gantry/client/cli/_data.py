@@ -26,15 +26,8 @@ from gantry.client.cli._common import (
     state_of,
     transfer_progress,
 )
-from gantry.client.cli._data_access import (
-    data_download,
-    data_grant,
-    data_grants,
-    data_lineage,
-    data_read,
-    data_revoke,
-    policy_app,
-)
+from gantry.client.cli._data_access import data_download, data_read, policy_app
+from gantry.client.cli._data_grants import data_grant, data_grants, data_lineage, data_revoke
 from gantry.core import InvalidInput
 
 if TYPE_CHECKING:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,14 @@ def test_node_cache_serves_epochs_and_holds_no_plaintext(
     assert not any(b"user-1" in data for data in stored)
     plain = LocalShardSource(arrow_files).fetch(str(arrow_files[0]))
     assert not any(plain[-4096:] in data for data in stored)
+
+
+def test_a_pickled_node_cache_source_reopens_the_cache(tmp_path: Path, counting: Any) -> None:
+    node_cache = _node_cache_class()(tmp_path / "cache", 64 << 20)
+    source = CachedShardSource(counting, node_cache, "test")
+    shard = counting.list_shards()[0].id
+    first = source.fetch(shard)
+    copy = pickle.loads(pickle.dumps(source))
+    assert copy.fetch(shard) == first
+    assert copy.cache is not node_cache
+    assert copy.inner.fetches[shard] == 1  # served from the reopened cache, not fetched again

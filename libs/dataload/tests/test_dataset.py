@@ -147,6 +147,8 @@ def test_unknown_column_is_refused_up_front_with_the_view_columns(arrow_files: l
         dataset(arrow_files, columns=["x", "ssn"])
     assert "no column 'ssn'" in str(info.value)
     assert "id, x, y, name" in str(info.value)
+    with pytest.raises(InvalidInput, match="no column 'target'"):
+        dataset(arrow_files, label="target")
 
 
 def test_too_few_shards_for_workers_is_refused_before_workers_start(
@@ -198,5 +200,12 @@ class _RevokedSource(LocalShardSource):
 
 def test_a_refusal_in_a_worker_reaches_the_script_as_the_same_type(arrow_files: list[Path]) -> None:
     ds = GovernedDataset(_RevokedSource(arrow_files), 16, rank=0, world_size=1)
-    with pytest.raises(GrantRefused, match="grant g-7 was revoked"):
-        list(loader(ds, num_workers=2, persistent_workers=False))
+    batches = iter(loader(ds, num_workers=2, persistent_workers=False))
+    try:
+        with pytest.raises(GrantRefused, match="grant g-7 was revoked"):
+            next(batches)
+    finally:
+        # The raised error's traceback puts the iterator in a reference cycle; left to the
+        # garbage collector, PyTorch's shutdown then waits 5 s per worker for a stop signal
+        # that its already-finalised queues never deliver.
+        batches._shutdown_workers()  # type: ignore[attr-defined]

@@ -150,7 +150,11 @@ def test_refused_grant_is_permission_denied_with_the_servers_message(server: Ser
     with pytest.raises(PermissionDenied) as info:
         GovernedDataset(server.source(grant="grant-expired"), 8)
     assert isinstance(info.value, GrantRefused)
-    assert "grant g-7 covers only other@1234" in str(info.value)
+    assert str(info.value).startswith(
+        "governance refused to serve dataset 'patients' version 'head': "
+        "'job j-1' may not read dataset: grant g-7 covers only other@1234 — "
+    )
+    assert info.value.reason == "'job j-1' may not read dataset: grant g-7 covers only other@1234"
     assert "GANTRY_DATA_GRANT" in str(info.value)
 
 
@@ -232,6 +236,12 @@ def test_errors_rebuild_from_their_message_in_the_parent_process() -> None:
         _Refusal(grpc.StatusCode.PERMISSION_DENIED, "grant revoked"), address="a", resource="r"
     )
     assert isinstance(type(refused)(str(refused)), GrantRefused)
+    # The service's message usually carries its own hint; it is not buried under a second one.
+    hinted = map_rpc_error(
+        _Refusal(grpc.StatusCode.PERMISSION_DENIED, "grant expired — get a new grant"),
+        address="a", resource="r",
+    )  # fmt: skip
+    assert str(hinted) == "governance refused to serve r: grant expired — get a new grant"
     unauth = map_rpc_error(
         _Refusal(grpc.StatusCode.UNAUTHENTICATED, "expired"), address="a", resource="r"
     )

@@ -122,15 +122,13 @@ class GovernedDataset(IterableDataset[Any]):
         self._epoch: torch.Tensor = counter.share_memory_()
 
     def _select(self, columns: Sequence[str] | None, label: str | None) -> tuple[str, ...] | None:
-        if columns is None:
-            return None
-        chosen = list(dict.fromkeys(columns))
+        chosen = [] if columns is None else list(dict.fromkeys(columns))
         if label is not None and label not in chosen:
             chosen.append(label)
         known = self.source.column_names() if isinstance(self.source, DescribedSource) else None
         if known is not None:
             _check_columns(chosen, known)
-        return tuple(chosen)
+        return None if columns is None else tuple(chosen)
 
     # ---------------------------------------------------------------- configuration
 
@@ -273,11 +271,19 @@ class GovernedDataset(IterableDataset[Any]):
             yield pending
 
     def _load(self, shard: ShardRef) -> pa.Table:
+        """Fetch and decode one shard (in a prefetch thread)."""
         table = decode_shard(self.source.fetch(shard.id))
-        if self.columns is None:
-            return table
-        _check_columns(self.columns, table.schema.names)
-        return table.select(list(self.columns))
+        if self.columns is not None:
+            _check_columns(self.columns, table.schema.names)
+            table = table.select(list(self.columns))
+        elif self.label is not None:
+            _check_columns([self.label], table.schema.names)
+        if not self.shuffle and table.num_rows:
+            # Unshuffled batches are slices of the shard, and a decoded IPC payload is
+            # read-only memory that PyTorch would copy column by column for every batch. One
+            # copy of the shard here, off the training thread, makes every batch zero-copy.
+            table = pa.Table.from_batches([pa.concat_batches(table.to_batches())])
+        return table
 
 
 def loader(

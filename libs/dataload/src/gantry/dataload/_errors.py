@@ -34,15 +34,20 @@ _SERVICE_IDENTITY_HINT = (
 class GrantRefused(PermissionDenied):
     """The governance service refused to serve data under the job's grant.
 
-    ``reason`` is the server's own explanation (expired, revoked, other dataset, other view).
+    ``reason`` is the server's own explanation (expired, revoked, another dataset or view);
+    the message quotes it as is, adding a hint only when the server gave none.
     """
 
     def __init__(
         self, reason: str, *, resource: str = "the dataset", hint: str | None = None
     ) -> None:
-        super().__init__(
-            "this job's grant", "read", resource, reason=reason, hint=hint or _GRANT_HINT
-        )
+        self.subject = "this job's grant"
+        self.action = "read"
+        self.resource = resource
+        self.reason = reason
+        if hint is None and " — " not in reason:
+            hint = _GRANT_HINT
+        GantryError.__init__(self, f"governance refused to serve {resource}: {reason}", hint=hint)
 
 
 def map_rpc_error(exc: grpc.RpcError, *, address: str, resource: str) -> GantryError:

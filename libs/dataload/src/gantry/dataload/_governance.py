@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from gantry.core import GantryError, IntegrityError, InvalidInput
 from gantry.dataload._errors import GrantRefused, map_rpc_error
+from gantry.dataload._process import process_lock
 from gantry.dataload._sources import ShardRef
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
@@ -79,6 +80,7 @@ class GovernanceShardSource:
         self._token = token
         self._grant = grant
         self._columns: list[pb.Column] | None = None
+        self._policy_version = 0
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self._pid = 0
@@ -86,20 +88,22 @@ class GovernanceShardSource:
     # ---------------------------------------------------------------- the channel, per process
 
     def _client(self) -> Any:
-        if self._stub is None or self._pid != os.getpid():
-            # After a fork the parent's channel must not be used (gRPC does not support it);
-            # drop the reference without closing it, the parent still owns it.
-            self._channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
-            self._stub = pb_grpc.GovernanceServiceStub(self._channel)
-            self._pid = os.getpid()
-        return self._stub
+        with process_lock():
+            if self._stub is None or self._pid != os.getpid():
+                # After a fork the parent's channel must not be used (gRPC does not support
+                # it); drop the reference without closing it, the parent still owns it.
+                self._channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+                self._stub = pb_grpc.GovernanceServiceStub(self._channel)
+                self._pid = os.getpid()
+            return self._stub
 
     def close(self) -> None:
         """Close this process's channel (a later call opens a new one)."""
-        if self._channel is not None and self._pid == os.getpid():
-            self._channel.close()
-        self._channel = None
-        self._stub = None
+        with process_lock():
+            if self._channel is not None and self._pid == os.getpid():
+                self._channel.close()
+            self._channel = None
+            self._stub = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -113,7 +117,7 @@ class GovernanceShardSource:
         )
 
     def _resource(self) -> str:
-        return f"dataset {self.dataset!r} version {self.version or 'head'!r}"
+        return f"dataset {self.dataset!r} version {self.version[:12] or 'head'!r}"
 
     def _call(self, attempt: Callable[[], T]) -> T:
         delay = self.retry_backoff_s
@@ -150,6 +154,7 @@ class GovernanceShardSource:
         self.version = reply.version or self.version
         self.view = reply.view or self.view
         self._columns = list(reply.columns)
+        self._policy_version = int(reply.policy_version)
         return [ShardRef(s.id, int(s.rows), int(s.bytes)) for s in reply.shards]
 
     def fetch(self, shard_id: str) -> bytes:
@@ -184,17 +189,20 @@ class GovernanceShardSource:
         return None if self._columns is None else [c.name for c in self._columns]
 
     def cache_scope(self) -> str:
-        """``<dataset>/<version>/<view>/<column digest>``, for cache keys.
+        """``<dataset>/<version>/<view>/<policy digest>``, for cache keys.
 
-        The column digest (names, types, classifications of the view) changes when the view
-        policy drops or reclassifies a column, so the cache never serves an older view's rows.
+        The digest covers the view policy's version and the view's columns (names, types,
+        classifications), so a policy change — even one that keeps the same columns — never
+        lets the cache serve an older view's rows.
         """
         if self._columns is None or not self.version or not self.view:
             raise InvalidInput(
                 "the source has no resolved version and view yet",
                 hint="call list_shards() before fetch() (GovernedDataset does)",
             )
-        described = "\n".join(f"{c.name}:{c.type}:{c.classification}" for c in self._columns)
+        described = f"policy {self._policy_version}\n" + "\n".join(
+            f"{c.name}:{c.type}:{c.classification}" for c in self._columns
+        )
         digest = hashlib.sha256(described.encode()).hexdigest()[:16]
         return f"{self.dataset}/{self.version}/{self.view}/{digest}"
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gantry.core import IntegrityError, InvalidInput
+from gantry.dataload._process import process_lock
 from gantry.storage import NodeCache
 
 _ARROW_FILE_MAGIC = b"ARROW1"
@@ -204,12 +204,11 @@ class CachedShardSource:
         self.namespace = namespace
         self._cache: ShardCache | _NodeCacheAddress = cache
         self._pid = os.getpid()
-        self._lock = threading.Lock()
 
     @property
     def cache(self) -> ShardCache:
         """The cache, opened in this process."""
-        with self._lock:
+        with process_lock():
             cache = self._cache
             if isinstance(cache, _NodeCacheAddress) or (
                 isinstance(cache, NodeCache) and self._pid != os.getpid()
@@ -220,14 +219,9 @@ class CachedShardSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"]
         if isinstance(self._cache, NodeCache):
             state["_cache"] = _NodeCacheAddress(self._cache.path, self._cache.max_bytes)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def list_shards(self) -> list[ShardRef]:
         """The inner source's shards (never cached: listing is where the grant is checked)."""

@@ -411,9 +411,13 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             f"/{SERVICE}/ListShards", "list shards", context,
         )  # fmt: skip
         columns = await asyncio.to_thread(self.d.views.columns, ds, version.manifest, permit.view)
+        policy_version = 0
+        if permit.view != "raw" and ds.format == "table":
+            policy_version = (await asyncio.to_thread(self.d.views.policy, ds.name)).version
         return pb.ListShardsResponse(
             version=version.id,
             view=permit.view,
+            policy_version=policy_version,
             shards=[shard_pb(s) for s in version.manifest.shards],
             columns=columns_to_pb(columns) if ds.format == "table" else [],
         )

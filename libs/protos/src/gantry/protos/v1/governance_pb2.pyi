@@ -690,8 +690,11 @@ class ListShardsResponse(_message.Message):
     VIEW_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
     COLUMNS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     view: _builtins.str
+    policy_version: _builtins.int
+    """the view policy the shards are served under (0: raw / default)"""
     @_builtins.property
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___Shard]: ...
     @_builtins.property
@@ -705,10 +708,11 @@ class ListShardsResponse(_message.Message):
         view: _builtins.str = ...,
         shards: _abc.Iterable[Global___Shard] | None = ...,
         columns: _abc.Iterable[Global___Column] | None = ...,
+        policy_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "shards", b"shards", "version", b"version", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "policy_version", b"policy_version", "shards", b"shards", "version", b"version", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,8 +5,9 @@
 Figures (every speed beside its baseline from the same run):
 
 - ``encrypt_mb_s`` / ``decrypt_mb_s``: the chunked AES-256-GCM object format (1 MiB chunks)
-  over N MiB in memory (256 MiB; 64 MiB with --quick), against ``raw_aesgcm_mb_s`` /
-  ``raw_aesgcm_decrypt_mb_s``: ONE AESGCM call over the same bytes with ``cryptography``.
+  over N MiB in memory (256 MiB; 64 MiB with --quick), first pass, against
+  ``raw_aesgcm_mb_s`` / ``raw_aesgcm_decrypt_mb_s``: ONE AESGCM call over the same bytes with
+  ``cryptography`` (best of N). ``*_steady_mb_s``: the format's best later pass.
 - ``loader_samples_per_s``: the governed reader (shards from the governance service over
   gRPC, encrypted at rest, de-identified view, through the encrypted node cache), steady
   state (epochs after the first); ``loader_cold_samples_per_s`` is its first epoch (every
@@ -122,15 +123,21 @@ def bench_crypto(size_mb: int, repeat: int, tmp: Path) -> dict[str, float]:
         with store.open("bench/object") as reader:
             return list(reader)
 
-    fmt_enc = _best(lambda: store.put("bench/object", data), repeat)
-    fmt_dec = _best(read_all, repeat)
+    # The first pass of the format runs on a cold allocator, as every raw call does (its one
+    # object-sized output is a fresh mapping each time); later passes reuse freed 1 MiB chunks,
+    # which a one-shot call never can. The headline figure is the cold one, the conservative
+    # comparison; the steady-state one is reported beside it.
+    enc_times = [_best(lambda: store.put("bench/object", data), 1) for _ in range(repeat)]
+    dec_times = [_best(read_all, 1) for _ in range(repeat)]
     assert b"".join(read_all()) == data
     out = {
         "crypto_mb": float(size_mb),
         "raw_aesgcm_mb_s": size_mb / raw_enc,
         "raw_aesgcm_decrypt_mb_s": size_mb / raw_dec,
-        "encrypt_mb_s": size_mb / fmt_enc,
-        "decrypt_mb_s": size_mb / fmt_dec,
+        "encrypt_mb_s": size_mb / enc_times[0],
+        "decrypt_mb_s": size_mb / dec_times[0],
+        "encrypt_steady_mb_s": size_mb / min(enc_times[1:]),
+        "decrypt_steady_mb_s": size_mb / min(dec_times[1:]),
     }
     out["encrypt_ratio_vs_raw"] = out["encrypt_mb_s"] / out["raw_aesgcm_mb_s"]
     out["decrypt_ratio_vs_raw"] = out["decrypt_mb_s"] / out["raw_aesgcm_decrypt_mb_s"]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import functools
 import io
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
@@ -17,6 +16,7 @@ from gantry.core import GantryError, InvalidInput
 from gantry.protos.v1 import audit_pb2 as pb
 from gantry.protos.v1 import audit_pb2_grpc as pb_grpc
 from gantry.security import MethodRule, TrustStore, current_principal
+from gantry.security.rpc_errors import rpc_errors
 from gantry.security.treehead import TreeHead
 
 SERVICE = "gantry.audit.v1.AuditService"
@@ -39,22 +39,6 @@ CSV_COLUMNS = [
 ]  # fmt: skip
 
 _CSV_ATTR = {"index": "seq"}
-
-R = TypeVar("R")
-
-
-def _errors(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Turn Gantry's typed errors into gRPC status codes with their message."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await fn(self, request, context)
-        except GantryError as exc:
-            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
-            raise  # unreachable: abort raises
-
-    return wrapper
 
 
 def filter_from_pb(f: pb.EventFilter) -> RecordFilter:
@@ -127,7 +111,7 @@ class AuditApi(pb_grpc.AuditServiceServicer):
         await asyncio.to_thread(self._ledger.record_query, actor, query, filters, results)
         self._on_query()
 
-    @_errors
+    @rpc_errors
     async def Query(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:
         flt = filter_from_pb(request.filter)
         size = request.page_size or 100
@@ -170,7 +154,7 @@ class AuditApi(pb_grpc.AuditServiceServicer):
             filters = {**flt.as_dict(), "format": "csv" if as_csv else "jsonl", "complete": done}
             await asyncio.shield(self._audited("export", filters, total))
 
-    @_errors
+    @rpc_errors
     async def AccessReport(
         self, request: pb.AccessReportRequest, context: Any
     ) -> pb.AccessReportResponse:
@@ -202,7 +186,7 @@ class AuditApi(pb_grpc.AuditServiceServicer):
         )
         return pb.AccessReportResponse(resource=request.resource, rows=out, total=total)
 
-    @_errors
+    @rpc_errors
     async def GetInclusionProof(
         self, request: pb.InclusionProofRequest, context: Any
     ) -> pb.InclusionProofResponse:
@@ -219,7 +203,7 @@ class AuditApi(pb_grpc.AuditServiceServicer):
             index=index, path=path, leaf_hash=leaf, event_json=raw, tree_head=head_pb(head)
         )
 
-    @_errors
+    @rpc_errors
     async def GetConsistencyProof(
         self, request: pb.ConsistencyProofRequest, context: Any
     ) -> pb.ConsistencyProofResponse:
@@ -228,13 +212,13 @@ class AuditApi(pb_grpc.AuditServiceServicer):
         )
         return pb.ConsistencyProofResponse(path=path, first=head_pb(first), second=head_pb(second))
 
-    @_errors
+    @rpc_errors
     async def GetCheckpoint(
         self, request: pb.GetCheckpointRequest, context: Any
     ) -> pb.SignedTreeHead:
         return head_pb(await asyncio.to_thread(self._ledger.tree_head, request.tree_size))
 
-    @_errors
+    @rpc_errors
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
         report = await asyncio.to_thread(self._ledger.verify, self._trust)
         await self._audited("verify", {}, report.events_checked)

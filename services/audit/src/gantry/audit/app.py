@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from gantry.audit.ledger import SOURCE, Ledger
 from gantry.audit.settings import AuditSettings
 from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.core import get_logger
+from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher, SignaturePool
 from gantry.protos.v1 import audit_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
@@ -172,24 +171,17 @@ class AuditService:
                     relay.notify()
 
     def _run_file(self) -> Path:
-        return self.settings.data_dir / "run" / "audit.json"
+        return run_file(self.settings.data_dir, "audit")
 
     def _write_run_file(self) -> None:
         """Tell the supervisor and the CLI where this process listens."""
-        path = self._run_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "service": "audit",
-                    "pid": os.getpid(),
-                    "grpc": f"{self.settings.audit.grpc_host}:{self.grpc_port}",
-                    "metrics": f"http://{self.settings.audit.grpc_host}:{self.metrics_port}/metrics",
-                }
-            )
+        write_run_file(
+            self.settings.data_dir,
+            "audit",
+            host=self.settings.audit.grpc_host,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
         )
-        os.replace(tmp, path)
 
 
 async def serve(settings: AuditSettings) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -41,6 +41,7 @@ from gantry.governance.views import Views
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 from gantry.security import MethodRule, Principal, current_principal
+from gantry.security.rpc_errors import abort_with, rpc_errors, stream_rpc_errors
 
 SERVICE = "gantry.governance.v1.GovernanceService"
 _log = get_logger("gantry.governance.api")
@@ -84,40 +85,6 @@ METHOD_RULES: dict[str, MethodRule] = {
 #: Largest Arrow IPC message one ReadResponse carries; bigger shards go in row slices.
 READ_MESSAGE_BYTES = 8 << 20
 _FILE_CHUNK = 1 << 20
-
-R = TypeVar("R")
-
-
-def _errors(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Turn Gantry's typed errors into gRPC status codes with their message."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await fn(self, request, context)
-        except GantryError as exc:
-            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
-            raise  # unreachable: abort raises
-
-    return wrapper
-
-
-def _stream_errors(
-    fn: Callable[..., AsyncIterator[R]],
-) -> Callable[..., AsyncIterator[R]]:
-    """The same for server-streaming methods."""
-
-    @functools.wraps(fn)
-    async def wrapper(
-        self: Any, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[R]:
-        try:
-            async for item in fn(self, request, context):
-                yield item
-        except GantryError as exc:
-            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
-
-    return wrapper
 
 
 def _correlation(context: grpc.aio.ServicerContext) -> str | None:
@@ -164,7 +131,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ datasets
 
-    @_errors
+    @rpc_errors
     async def CreateDataset(self, request: pb.CreateDatasetRequest, context: Any) -> pb.Dataset:
         """Register a dataset with its schema and column classifications."""
         principal = current_principal()
@@ -181,12 +148,12 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         await asyncio.to_thread(self.d.views.keys, ds.name)
         return dataset_pb(ds)
 
-    @_errors
+    @rpc_errors
     async def GetDataset(self, request: pb.GetDatasetRequest, context: Any) -> pb.Dataset:
         """One dataset."""
         return dataset_pb(await asyncio.to_thread(self.d.catalog.get_dataset, request.name))
 
-    @_errors
+    @rpc_errors
     async def ListDatasets(
         self, request: pb.ListDatasetsRequest, context: Any
     ) -> pb.ListDatasetsResponse:
@@ -261,7 +228,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         except GantryError as exc:
             await self._discard(upload)  # before the caller hears of the failure
             upload = None
-            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
+            await abort_with(context, exc)
             raise
         finally:
             if not finished:
@@ -274,7 +241,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             await asyncio.to_thread(upload.abort)
         await asyncio.to_thread(self.d.uploads.abort, upload.totals.upload_id)
 
-    @_errors
+    @rpc_errors
     async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.Version:
         """Make finished uploads a new immutable version."""
         principal = current_principal()
@@ -290,19 +257,19 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )
         return version_pb(version)
 
-    @_errors
+    @rpc_errors
     async def Log(self, request: pb.LogRequest, context: Any) -> pb.LogResponse:
         """Newest versions first."""
         found = await asyncio.to_thread(self.d.catalog.log, request.dataset, request.limit or 50)
         return pb.LogResponse(versions=[version_pb(v, with_shards=False) for v in found])
 
-    @_errors
+    @rpc_errors
     async def GetVersion(self, request: pb.GetVersionRequest, context: Any) -> pb.Version:
         """One version with its shards."""
         v = await asyncio.to_thread(self.d.catalog.get_version, request.dataset, request.version)
         return version_pb(v)
 
-    @_errors
+    @rpc_errors
     async def Diff(self, request: pb.DiffRequest, context: Any) -> pb.DiffResponse:
         """What changed between two versions."""
         a, b, d = await asyncio.to_thread(
@@ -310,7 +277,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )
         return diff_pb(a, b, d)
 
-    @_errors
+    @rpc_errors
     async def Rollback(self, request: pb.RollbackRequest, context: Any) -> pb.Version:
         """A new version with an older one's content."""
         principal = current_principal()
@@ -349,7 +316,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             raise
         return ds, version, permit
 
-    @_stream_errors
+    @stream_rpc_errors
     async def Read(
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReadResponse]:
@@ -396,7 +363,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 policy_version=policy_version, correlation_id=_correlation(context),
             )  # fmt: skip
 
-    @_errors
+    @rpc_errors
     async def ListShards(
         self, request: pb.ListShardsRequest, context: Any
     ) -> pb.ListShardsResponse:
@@ -424,7 +391,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ views
 
-    @_errors
+    @rpc_errors
     async def SetViewPolicy(self, request: pb.SetViewPolicyRequest, context: Any) -> pb.ViewPolicy:
         """Store a new version of a dataset's de-identification policy."""
         principal = current_principal()
@@ -435,14 +402,14 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )  # fmt: skip
         return policy_pb(record)
 
-    @_errors
+    @rpc_errors
     async def GetViewPolicy(self, request: pb.GetViewPolicyRequest, context: Any) -> pb.ViewPolicy:
         """The current policy."""
         return policy_pb(await asyncio.to_thread(self.d.views.policy, request.dataset))
 
     # ------------------------------------------------------------------ grants and lineage
 
-    @_errors
+    @rpc_errors
     async def IssueGrant(self, request: pb.IssueGrantRequest, context: Any) -> pb.Grant:
         """A job's read grant: services get what the scheduler placed; stewards name versions."""
         principal = current_principal()
@@ -478,7 +445,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )  # fmt: skip
         return grant_pb(grant, token)
 
-    @_errors
+    @rpc_errors
     async def RevokeGrant(self, request: pb.RevokeGrantRequest, context: Any) -> pb.Grant:
         """Revoke a grant before it expires."""
         principal = current_principal()
@@ -493,7 +460,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )
         return grant_pb(grant)
 
-    @_errors
+    @rpc_errors
     async def ListGrants(
         self, request: pb.ListGrantsRequest, context: Any
     ) -> pb.ListGrantsResponse:
@@ -505,7 +472,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         )
         return pb.ListGrantsResponse(grants=[grant_pb(g) for g in found])
 
-    @_errors
+    @rpc_errors
     async def GetLineage(self, request: pb.LineageRequest, context: Any) -> pb.LineageResponse:
         """Lineage around a dataset version, a job or a model version."""
         version = request.version
@@ -579,13 +546,13 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             if upload is not None:
                 await asyncio.to_thread(upload.abort)
                 upload = None
-            await context.abort(getattr(grpc.StatusCode, exc.grpc_code), str(exc))
+            await abort_with(context, exc)
             raise
         finally:
             if upload is not None and not done:
                 await asyncio.to_thread(upload.abort)
 
-    @_errors
+    @rpc_errors
     async def ListModels(
         self, request: pb.ListModelsRequest, context: Any
     ) -> pb.ListModelsResponse:
@@ -593,12 +560,12 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         found = await asyncio.to_thread(self.d.registry.list, request.name)
         return pb.ListModelsResponse(versions=[model_pb(m) for m in found])
 
-    @_errors
+    @rpc_errors
     async def GetModel(self, request: pb.GetModelRequest, context: Any) -> pb.ModelVersion:
         """One model version (latest when version is 0)."""
         return model_pb(await asyncio.to_thread(self.d.registry.get, request.name, request.version))
 
-    @_stream_errors
+    @stream_rpc_errors
     async def DownloadModel(
         self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DownloadModelResponse]:
@@ -614,7 +581,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ operations
 
-    @_errors
+    @rpc_errors
     async def RotateKeys(
         self, request: pb.RotateKeysRequest, context: Any
     ) -> pb.RotateKeysResponse:
@@ -633,7 +600,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             retired=list(report.retired),
         )
 
-    @_errors
+    @rpc_errors
     async def CollectGarbage(
         self, request: pb.CollectGarbageRequest, context: Any
     ) -> pb.CollectGarbageResponse:

@@ -9,8 +9,6 @@ decisions, close NATS and the database.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import threading
 from pathlib import Path
@@ -21,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from gantry.core import get_logger
+from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.governance.access import SERVICE_NAME, Access
 from gantry.governance.api import METHOD_RULES, SERVICE, Domain, GovernanceApi
@@ -160,25 +159,17 @@ class GovernanceService:
         _log.info("governance service stopped")
 
     def _run_file(self) -> Path:
-        return self.settings.data_dir / "run" / f"{SERVICE_NAME}.json"
+        return run_file(self.settings.data_dir, SERVICE_NAME)
 
     def _write_run_file(self) -> None:
         """Tell the supervisor and the CLI where this process listens."""
-        g = self.settings.governance
-        path = self._run_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {
-                    "service": SERVICE_NAME,
-                    "pid": os.getpid(),
-                    "grpc": f"{g.grpc_host}:{self.grpc_port}",
-                    "metrics": f"http://{g.grpc_host}:{self.metrics_port}/metrics",
-                }
-            )
+        write_run_file(
+            self.settings.data_dir,
+            SERVICE_NAME,
+            host=self.settings.governance.grpc_host,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
         )
-        os.replace(tmp, path)
 
 
 async def serve(settings: GovernanceSettings) -> None:

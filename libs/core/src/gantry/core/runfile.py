@@ -1,0 +1,41 @@
+"""Run files: where a running service says it listens (``<data_dir>/run/<service>.json``).
+
+The supervisor waits for a service's run file to know it is ready; the CLI reads it to find
+the service's address. A service writes it (atomically) once serving and removes it when it
+stops, so a stale address is never left behind after a clean shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def run_file(data_dir: Path, service: str) -> Path:
+    """The run file of ``service`` under ``data_dir``."""
+    return data_dir / "run" / f"{service}.json"
+
+
+def write_run_file(
+    data_dir: Path, service: str, *, host: str, grpc_port: int, metrics_port: int
+) -> Path:
+    """Atomically record this process's pid, gRPC address and metrics URL; return the path."""
+    path = run_file(data_dir, service)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {
+                "service": service,
+                "pid": os.getpid(),
+                "grpc": f"{host}:{grpc_port}",
+                "metrics": f"http://{host}:{metrics_port}/metrics",
+            }
+        )
+    )
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["run_file", "write_run_file"]

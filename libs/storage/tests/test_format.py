@@ -110,3 +110,19 @@ def test_chunk_sizes_outside_the_format_range_are_refused(tmp_path: Path, chunk_
     keys = KeyManager(LocalKeyFile(tmp_path / "k.json"))
     with pytest.raises(InvalidInput, match="65536 \\(64 KiB\\) to 1048576 \\(1 MiB\\)"):
         ObjectStore(MemoryBackend(), keys, chunk_size=chunk_size)
+
+
+def test_whole_body_is_byte_for_byte_the_streamed_body() -> None:
+    """The one-buffer path (objects put from memory) writes exactly the streamed format."""
+    import os as _os
+
+    from gantry.storage.format import ChunkCipher, ChunkEncryptor
+
+    dek, oid = _os.urandom(32), _os.urandom(16)
+    for size in (0, 1, 65536, 65537, 3 * 65536, 200_001):
+        data = _os.urandom(size)
+        streamed = ChunkEncryptor(ChunkCipher(dek, oid), oid, 65536)
+        expected = b"".join(streamed.body([data]))
+        whole = ChunkEncryptor(ChunkCipher(dek, oid), oid, 65536)
+        assert bytes(whole.whole_body(data)) == expected, size
+        assert (whole.chunks, whole.size) == (streamed.chunks, streamed.size)

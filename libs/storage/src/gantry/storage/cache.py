@@ -203,7 +203,8 @@ class NodeCache:
         if row is None:
             return None
         try:
-            return self._store.get(name)
+            with self._store.open(name) as reader:
+                return b"".join(reader)
         except ObjectNotFound:  # being written by another process, or evicted meanwhile
             return None
         except (IntegrityError, KeyUnavailable) as exc:

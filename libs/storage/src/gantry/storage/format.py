@@ -200,10 +200,27 @@ class ChunkCipher:
         aad = _AAD.pack(SUITE, self._object_id, index, final)
         return self._aead.encrypt(_NONCE.pack(index), plaintext, aad)
 
+    def seal_into(
+        self, index: int, plaintext: bytes | bytearray | memoryview, final: bool, out: memoryview
+    ) -> None:
+        """Chunk ``index`` as ciphertext || tag, written into ``out`` (len(plaintext) + 16)."""
+        aad = _AAD.pack(SUITE, self._object_id, index, final)
+        self._aead.encrypt_into(_NONCE.pack(index), plaintext, aad, out)
+
     def open(self, index: int, record: bytes | bytearray | memoryview, final: bool) -> bytes:
         """Plaintext of chunk ``index``; raises ``cryptography.exceptions.InvalidTag`` if bad."""
         aad = _AAD.pack(SUITE, self._object_id, index, final)
         return self._aead.decrypt(_NONCE.pack(index), record, aad)
+
+    def open_into(
+        self, index: int, record: bytes | bytearray | memoryview, final: bool, out: memoryview
+    ) -> None:
+        """Like :meth:`open`, writing the plaintext into ``out`` (len(record) - 16 bytes).
+
+        On ``InvalidTag`` the contents of ``out`` are undefined: the caller must discard it.
+        """
+        aad = _AAD.pack(SUITE, self._object_id, index, final)
+        self._aead.decrypt_into(_NONCE.pack(index), record, aad, out)
 
 
 class ChunkEncryptor:
@@ -230,6 +247,36 @@ class ChunkEncryptor:
         self.chunks += 1
         self.size += len(plaintext)
         return record
+
+    def whole_body(self, data: bytes | bytearray | memoryview) -> bytearray:
+        """The whole body of an object already in memory, sealed into one buffer.
+
+        Same bytes as :meth:`body` gives, but one allocation for the object instead of one
+        per chunk (what a single AES-GCM call over the data would allocate).
+        """
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        total, size = len(view), self.chunk_size
+        count = max(1, -(-total // size))
+        if count > MAX_CHUNKS:
+            raise InvalidInput(
+                f"object exceeds {MAX_CHUNKS} chunks of {size} bytes",
+                hint="split the data into several objects",
+            )
+        prefix = len(self._prefix)
+        body = bytearray(prefix + total + count * TAG_LEN)
+        out = memoryview(body)
+        out[:prefix] = self._prefix
+        pos = prefix
+        for index in range(count):
+            piece = view[index * size : (index + 1) * size]
+            end = pos + len(piece) + TAG_LEN
+            self._cipher.seal_into(index, piece, index == count - 1, out[pos:end])
+            pos = end
+        self.chunks = count
+        self.size = total
+        return body
 
     def body(self, pieces: Iterable[bytes | bytearray | memoryview]) -> Iterator[bytes]:
         """Yield the body blob in pieces; the last chunk is sealed as final."""

@@ -13,7 +13,7 @@ from types import TracebackType
 
 from cryptography.exceptions import InvalidTag
 
-from gantry.core import Conflict, GantryError
+from gantry.core import Conflict, GantryError, InvalidInput
 from gantry.storage.backends import Backend
 from gantry.storage.errors import ObjectNotFound, TamperedObject
 from gantry.storage.format import (
@@ -273,8 +273,12 @@ class ObjectReader:
         self._header_changed = header_changed
         self._chunks = self._verified_chunks()
         self._pending = memoryview(b"")
+        self._started = False
 
-    def _verified_chunks(self) -> Generator[bytes, None, None]:
+    def _verified_chunks(
+        self, into: memoryview | None = None
+    ) -> Generator[bytes | memoryview, None, None]:
+        """Each chunk's plaintext once authenticated; written into ``into`` when given."""
         h, name = self._header, self.name
         framer = RecordFramer(self._backend.get_stream(body_name(name, h.object_id)))
         try:
@@ -300,7 +304,12 @@ class ObjectReader:
                 if len(record) < length:
                     raise TamperedObject(name, index, "the body is truncated")
                 try:
-                    plaintext = self._cipher.open(index, record, final)
+                    if into is None:
+                        plaintext: bytes | memoryview = self._cipher.open(index, record, final)
+                    else:
+                        start = index * h.chunk_size
+                        plaintext = into[start : start + length - TAG_LEN]
+                        self._cipher.open_into(index, record, final, plaintext)
                 except InvalidTag:
                     reason = "the chunk does not authenticate (altered, reordered or foreign)"
                     raise TamperedObject(name, index, reason) from None
@@ -314,13 +323,33 @@ class ObjectReader:
         return self
 
     def __next__(self) -> bytes:
+        self._started = True
         if self._pending:
             out, self._pending = bytes(self._pending), memoryview(b"")
             return out
-        return next(self._chunks)
+        return bytes(next(self._chunks))
+
+    def readall(self) -> bytearray:
+        """The whole object, verified, decrypted into one buffer (one allocation).
+
+        Only before anything else was read; raises like iteration does, returning nothing.
+        """
+        if self._started:
+            raise InvalidInput(
+                f"readall() on {self.name!r} after reading from it",
+                hint="call readall() on a freshly opened reader",
+            )
+        self._started = True
+        self._chunks.close()
+        out = bytearray(self._header.size)
+        self._chunks = self._verified_chunks(memoryview(out))
+        for _ in self._chunks:
+            pass
+        return out
 
     def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (all remaining when ``n`` < 0); ``b""`` at the end."""
+        self._started = True
         parts: list[bytes | memoryview] = []
         want = n if n >= 0 else 1 << 62
         while want > 0:

@@ -329,7 +329,7 @@ def _read_parquet(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
         ) from None
 
 
-def shard_to_table(data: bytes) -> pa.Table:
+def shard_to_table(data: bytes | bytearray) -> pa.Table:
     """The rows of a stored shard; :class:`IntegrityError` when it is not readable Parquet."""
     try:
         return pq.read_table(pa.BufferReader(data))

@@ -139,6 +139,8 @@ async def test_model_registry_round_trip_lineage_and_tamper(gov: Running, nats_u
     assert (m1.version, m2.version) == (1, 2) and m1.bytes == len(weights)
     listed = await gov.stub.ListModels(pb.ListModelsRequest(name="churn"), metadata=dev)
     assert [m.version for m in listed.versions] == [2, 1]
+    gc = await gov.stub.CollectGarbage(pb.CollectGarbageRequest(), metadata=gov.md())
+    assert gc.removed_objects == 0 and gc.kept_objects >= 3  # models and the version's shard
     got = b""
     async for part in gov.stub.DownloadModel(
         pb.GetModelRequest(name="churn", version=1), metadata=dev

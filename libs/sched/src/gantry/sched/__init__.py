@@ -1,0 +1,1 @@
+"""gantry.sched: the scheduling policy engine shared by the scheduler service and the simulator."""

@@ -37,6 +37,8 @@ async def test_steward_creates_annotator_reads_raw_developer_reads_deidentified(
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "view" in (denied.value.details() or "")
 
+    created = await stream_events(nats_url, "gantry.data.dataset.created")
+    assert created[0].data["sensitivity"] == "sensitive"  # its most sensitive column
     reads = await stream_events(nats_url, "gantry.data.accessed", at_least=3)
     by = {(e.actor, e.data["view"], e.data["decision"]) for e in reads}
     assert ("ann", "raw", "allow") in by

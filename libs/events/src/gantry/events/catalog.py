@@ -81,6 +81,11 @@ class DatasetCreated(EventData):
     format: Literal["table", "files"]
     owner: str
     columns: list[dict[str, Any]] = Field(default_factory=list)
+    sensitivity: Literal["public", "internal", "pii", "sensitive"] = Field(
+        default="internal",
+        description="the highest classification of its columns (or of its files); the "
+        "scheduler keeps jobs reading pii/sensitive data on trusted pools",
+    )
 
 
 class VersionCommitted(EventData):

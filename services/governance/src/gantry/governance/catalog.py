@@ -133,6 +133,7 @@ class Catalog:
         schema: dict[str, Any]
         if fmt == "table":
             schema = {"columns": columns_to_json(DatasetSchema(columns).columns)}
+            classes = [c.classification for c in columns]
         else:
             if len(columns) > 1:
                 raise InvalidInput(
@@ -141,6 +142,9 @@ class Catalog:
                 )
             cls = columns[0].classification if columns else ColumnClass.INTERNAL
             schema = {"files_classification": str(cls)}
+            classes = [cls]
+        order = list(ColumnClass)
+        sensitivity = max(classes, key=order.index)
         created = now_ms()
         with self.engine.begin() as conn:
             exists = conn.execute(
@@ -169,6 +173,7 @@ class Catalog:
                     format="table" if fmt == "table" else "files",
                     owner=owner,
                     columns=schema.get("columns", []),
+                    sensitivity=str(sensitivity),  # type: ignore[arg-type]
                 ),
                 actor=owner,
                 subject=f"dataset/{name}",

@@ -37,10 +37,12 @@ test: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) bench/audit_ingest.py --quick
 	$(PY) bench/governance.py --quick
+	$(PY) bench/sched_packing.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
 	$(PY) bench/governance.py
+	$(PY) bench/sched_packing.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

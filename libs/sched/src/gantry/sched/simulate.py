@@ -91,7 +91,8 @@ class SimResult:
         }
 
 
-def _workers(job: TraceJob, node_gpus: int) -> tuple[Demand, ...]:
+def workers_of(job: TraceJob, node_gpus: int) -> tuple[Demand, ...]:
+    """The per-worker demands of a trace job (a gang of full nodes when wider than one)."""
     models = frozenset(job.gpu_models)
     if job.num_gpus == 0:
         return (Demand(job.cpu_milli, job.memory_mib, 0, 0, models),)
@@ -137,7 +138,7 @@ class Simulator:
             _Job(
                 i,
                 j,
-                _workers(j, node_gpus),
+                workers_of(j, node_gpus),
                 JobFeatures(j.user, j.queue, j.name or f"job-{i}", j.gpu_milli_total),
             )
             for i, j in enumerate(jobs)
@@ -309,4 +310,4 @@ def simulate(
     return Simulator(cluster, jobs, placement, ordering).run()
 
 
-__all__ = ["ORDERINGS", "Ordering", "SimResult", "Simulator", "simulate"]
+__all__ = ["ORDERINGS", "Ordering", "SimResult", "Simulator", "simulate", "workers_of"]

@@ -3,6 +3,7 @@
 ::
 
     gantry up [--data-dir .gantry] [--nats-port 4222]
+    gantry sim --nodes nodes.csv --jobs jobs.csv [--policies fifo,sjf-oracle,gantry]
     gantry admin init | token create | service-account create
     gantry events emit TYPE --data '{...}' --source S --actor A
     gantry audit query | export | report | verify | proof
@@ -43,6 +44,7 @@ from gantry.client.cli._common import (
 from gantry.client.cli._data import data_app
 from gantry.client.cli._events import events_app
 from gantry.client.cli._models import models_app
+from gantry.client.cli._sim import sim
 from gantry.client.cli._up import up
 from gantry.client.config import ClientSettings
 from gantry.core import GantryError, load_settings
@@ -56,6 +58,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("up")(up)
+app.command("sim")(sim)
 app.add_typer(admin_app, name="admin")
 app.add_typer(events_app, name="events")
 app.add_typer(audit_app, name="audit")

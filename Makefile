@@ -38,11 +38,15 @@ bench-quick: $(STAMP)
 	$(PY) bench/audit_ingest.py --quick
 	$(PY) bench/governance.py --quick
 	$(PY) bench/sched_packing.py --quick
+	$(PY) bench/sched_throughput.py --quick
+	$(PY) bench/sched_jct.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
 	$(PY) bench/governance.py
 	$(PY) bench/sched_packing.py
+	$(PY) bench/sched_throughput.py
+	$(PY) bench/sched_jct.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

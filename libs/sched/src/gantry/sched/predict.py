@@ -3,7 +3,8 @@
 Helios' QSSF orders queued jobs by predicted service (GPUs times duration) without an oracle: it
 learns from the jobs users ran before. :class:`DurationPredictor` does the same with a ladder
 of ever broader notions of "similar" — same user, queue, name pattern and size; then same user
-and name pattern; same user and queue; same queue; everyone — and answers with the median of
+and name pattern; same user, queue and resource shape (GPU demand and CPU size); same user and
+queue; same queue and shape; same queue; everyone — and answers with the median of
 the most specific level that has enough history, so one odd run does not swing it. The name
 pattern is the job name with its digits and hex-looking parts replaced (``bert-ft-0042`` and
 ``bert-ft-0043`` are the same pattern). A job never predicted longer than its own
@@ -12,6 +13,7 @@ pattern is the job name with its digits and hex-looking parts replaced (``bert-f
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections import defaultdict, deque
@@ -44,18 +46,29 @@ class JobFeatures:
     name: str
     gpu_milli_total: int
     max_runtime_s: float = float("inf")
+    cpu_milli: int = 0
 
-    def similarity_keys(self) -> list[tuple[Hashable, ...]]:
+    def similarity_keys(self) -> tuple[tuple[Hashable, ...], ...]:
         """From most to least specific."""
-        pattern = name_pattern(self.name)
-        size = size_bucket(self.gpu_milli_total)
-        return [
-            ("u-q-n-s", self.user, self.queue, pattern, size),
-            ("u-n", self.user, pattern),
-            ("u-q", self.user, self.queue),
-            ("q", self.queue),
-            ("all",),
-        ]
+        return _keys(self.user, self.queue, self.name, self.gpu_milli_total, self.cpu_milli)
+
+
+@functools.lru_cache(maxsize=65536)
+def _keys(
+    user: str, queue: str, name: str, gpu_milli_total: int, cpu_milli: int
+) -> tuple[tuple[Hashable, ...], ...]:
+    pattern = name_pattern(name)
+    size = size_bucket(gpu_milli_total)
+    shape = (gpu_milli_total, cpu_milli.bit_length())
+    return (
+        ("u-q-n-s", user, queue, pattern, size),
+        ("u-n", user, pattern),
+        ("u-q-shape", user, queue, *shape),
+        ("u-q", user, queue),
+        ("q-shape", queue, *shape),
+        ("q", queue),
+        ("all",),
+    )
 
 
 class DurationPredictor:
@@ -71,6 +84,7 @@ class DurationPredictor:
         self._history: dict[tuple[Hashable, ...], deque[float]] = defaultdict(
             lambda: deque(maxlen=WINDOW)
         )
+        self._medians: dict[tuple[Hashable, ...], float] = {}  # cached until the key learns
 
     def observe(self, job: JobFeatures, duration_s: float) -> None:
         """Learn that ``job`` ran for ``duration_s`` seconds."""
@@ -78,13 +92,17 @@ class DurationPredictor:
             return
         for key in job.similarity_keys():
             self._history[key].append(duration_s)
+            self._medians.pop(key, None)
 
     def predict(self, job: JobFeatures) -> float:
         """The predicted run time in seconds (never above the job's max runtime)."""
         for key in job.similarity_keys():
             runs = self._history.get(key)
             if runs is not None and len(runs) >= (1 if key == ("all",) else self.min_samples):
-                return min(statistics.median(runs), job.max_runtime_s)
+                median = self._medians.get(key)
+                if median is None:
+                    median = self._medians[key] = statistics.median(runs)
+                return min(median, job.max_runtime_s)
         return min(self.prior_s, job.max_runtime_s)
 
     def predicted_service(self, job: JobFeatures) -> float:

@@ -131,6 +131,9 @@ class Simulator:
         self._empty.version += 1  # the arrays changed outside allocate(): drop cached scores
         self.placement = placement
         self.ordering = ordering
+        self._changes = 0  # bumped whenever a job starts or finishes
+        self._predicted: dict[int, float] = {}  # per job, until the predictor learns more
+        self._reserved: tuple[int, int, float] | None = None  # (head, changes, start)
         self.predictor = predictor or DurationPredictor()
         self.progress = progress
         node_gpus = int(cluster.gpu_count.max())
@@ -139,7 +142,9 @@ class Simulator:
                 i,
                 j,
                 workers_of(j, node_gpus),
-                JobFeatures(j.user, j.queue, j.name or f"job-{i}", j.gpu_milli_total),
+                JobFeatures(
+                    j.user, j.queue, j.name or f"job-{i}", j.gpu_milli_total, cpu_milli=j.cpu_milli
+                ),
             )
             for i, j in enumerate(jobs)
         ]
@@ -152,12 +157,18 @@ class Simulator:
             return (t.submit_time, 0.0, job.index)
         if self.ordering == "sjf-oracle":
             return (max(t.gpu_milli_total, 100) * t.duration, t.submit_time, job.index)
-        return (self.predictor.predicted_service(job.features), t.submit_time, job.index)
+        return (max(t.gpu_milli_total, 100) * self._predict(job), t.submit_time, job.index)
+
+    def _predict(self, job: _Job) -> float:
+        value = self._predicted.get(job.index)
+        if value is None:
+            value = self._predicted[job.index] = self.predictor.predict(job.features)
+        return value
 
     def _predicted_end(self, job: _Job, now: float) -> float:
         if self.ordering == "sjf-oracle":
             return now + job.trace.duration
-        return now + self.predictor.predict(job.features)
+        return now + self._predict(job)
 
     # ------------------------------------------------------------------ placing
 
@@ -182,7 +193,19 @@ class Simulator:
     def _head_start_estimate(
         self, head: _Job, running: list[tuple[float, int]], now: float
     ) -> float:
-        """When the blocked head could start, releasing running jobs in predicted-end order."""
+        """When the blocked head could start, releasing running jobs in predicted-end order.
+
+        Cached while neither the head nor the set of running jobs changes.
+        """
+        cached = self._reserved
+        if cached is not None and cached[0] == head.index and cached[1] == self._changes:
+            return cached[2]
+        start = self._estimate(head, running, now)
+        self._reserved = (head.index, self._changes, start)
+        return start
+
+    def _estimate(self, head: _Job, running: list[tuple[float, int]], now: float) -> float:
+        need = sum(d.total_gpu_milli for d in head.workers)
         trial = self.cluster.copy()
         saved, self.cluster = self.cluster, trial
         try:
@@ -192,6 +215,8 @@ class Simulator:
             for end, idx in ends:
                 for node, demand, gpus in self.jobs[idx].placed:
                     trial.release(node, demand, gpus)
+                if trial.total_gpu_milli - trial.allocated_gpu_milli < need:
+                    continue  # cannot fit yet: not worth a placement attempt
                 if all(self.placement.choose(trial, d) is not None for d in head.workers):
                     return end
             return math.inf
@@ -202,7 +227,7 @@ class Simulator:
         job = self.jobs[idx]
         if self.ordering == "sjf-oracle":
             return job.start + job.trace.duration
-        return job.start + self.predictor.predict(job.features)
+        return job.start + self._predict(job)
 
     # ------------------------------------------------------------------ the loop
 
@@ -225,9 +250,11 @@ class Simulator:
                 _, kind, idx = heapq.heappop(events)
                 job = self.jobs[idx]
                 if kind == 0:
+                    self._changes += 1
                     self._release(job)
                     running.remove((job.end, idx))
                     self.predictor.observe(job.features, job.trace.duration)
+                    self._predicted.clear()
                     handled += 1
                     if self.progress is not None:
                         self.progress(handled)
@@ -285,6 +312,7 @@ class Simulator:
             if reservation < math.inf and self._predicted_end(job, now) > reservation:
                 continue  # backfill only what ends before the blocked head may start
             if self._try_place(job):
+                self._changes += 1
                 job.start, job.end = now, now + job.trace.duration
                 heapq.heappush(events, (job.end, 0, idx))
                 running.append((job.end, idx))

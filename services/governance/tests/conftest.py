@@ -16,11 +16,12 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from gantry.client.tables import encode_arrow_stream
 from gantry.core import NatsSettings
 from gantry.events import EventEnvelope
 from gantry.governance.app import GovernanceService
 from gantry.governance.settings import GovernanceOptions, GovernanceSettings
-from gantry.governance.tables import encode_arrow_stream, ipc_to_table
+from gantry.governance.tables import ipc_to_table
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 from gantry.security import TokenIssuer
@@ -83,7 +84,7 @@ class Running:
                     dataset=dataset, source_format="arrow", shard_bytes=shard_bytes
                 )
             )
-            for fragment in encode_arrow_stream(table, fragment_bytes):
+            for fragment in encode_arrow_stream(table.schema, table.to_batches(), fragment_bytes):
                 yield pb.UploadRequest(arrow_ipc=fragment)
             if last:
                 yield pb.UploadRequest(last=True)

@@ -17,7 +17,8 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from gantry.governance.tables import encode_arrow_stream, ipc_to_table
+from gantry.client.tables import encode_arrow_stream
+from gantry.governance.tables import ipc_to_table
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 from gantry.security import TokenIssuer
@@ -85,7 +86,7 @@ def proc(tmp_path: Path, nats_url: str) -> Iterator[Proc]:
 def _upload(stub: pb_grpc.GovernanceServiceStub, md: object, table: pa.Table) -> str:
     def requests() -> Iterator[pb.UploadRequest]:
         yield pb.UploadRequest(start=pb.UploadStart(dataset="people", source_format="arrow"))
-        for fragment in encode_arrow_stream(table, 1 << 16):
+        for fragment in encode_arrow_stream(table.schema, table.to_batches(), 1 << 16):
             yield pb.UploadRequest(arrow_ipc=fragment)
         yield pb.UploadRequest(last=True)
 

@@ -1,22 +1,20 @@
-"""Unit tests of shards, the incremental Arrow stream decoder and local file reading."""
+"""Unit tests of shards and the incremental Arrow stream decoder (fed by the SDK's encoder)."""
 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gantry.core import IntegrityError, InvalidInput, NotFound
+from gantry.client.tables import encode_arrow_stream as encode_batches
+from gantry.core import IntegrityError, InvalidInput
 from gantry.governance.schema import Column, ColumnClass, ColumnType, DatasetSchema
 from gantry.governance.tables import (
     ArrowStreamDecoder,
     ShardWriter,
-    encode_arrow_stream,
     ipc_to_table,
-    read_table_file,
     shard_to_table,
     table_to_ipc,
 )
@@ -95,6 +93,17 @@ def test_shard_writer_conforms_rows() -> None:
         ShardWriter(SCHEMA, shard_bytes=0)
 
 
+def encode_arrow_stream(
+    rows: pa.Table, fragment_bytes: int = 1 << 20, max_batch_bytes: int = 16 << 20
+) -> list[bytes]:
+    """The SDK's upload encoding of ``rows``."""
+    return list(
+        encode_batches(
+            rows.schema, rows.to_batches(), fragment_bytes, max_batch_bytes=max_batch_bytes
+        )
+    )
+
+
 @pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20])
 def test_decoder_handles_any_fragment_split(size: int) -> None:
     rows = table(300 if size == 1 else 5000)
@@ -126,12 +135,10 @@ def test_decoder_reads_pyarrow_stream_writer_output() -> None:
 def test_encode_batches_iterable_and_dictionaries() -> None:
     rows = table(50)
     dict_rows = rows.set_column(1, "name", rows["name"].dictionary_encode())
-    got, _ = decode(list(encode_arrow_stream(iter(dict_rows.to_batches()))))
+    got, _ = decode(list(encode_batches(dict_rows.schema, iter(dict_rows.to_batches()))))
     assert got.equals(rows)
-    empty, _ = decode(list(encode_arrow_stream([], schema=rows.schema)))
+    empty, _ = decode(list(encode_batches(rows.schema, [])))
     assert empty.num_rows == 0
-    with pytest.raises(InvalidInput, match="no record batches"):
-        list(encode_arrow_stream([]))
 
 
 @pytest.mark.parametrize("cut", [4, 100, -20, -8, -1])
@@ -174,45 +181,3 @@ def test_ipc_round_trip() -> None:
 def test_damaged_shard_is_an_integrity_error() -> None:
     with pytest.raises(IntegrityError, match="not a readable Parquet file"):
         shard_to_table(b"PAR1 damaged")
-
-
-def test_read_csv_in_batches(tmp_path: Path) -> None:
-    path = tmp_path / "rows.csv"
-    path.write_text(
-        "id,name,day\n" + "".join(f"{i},n{i},2024-01-0{i % 9 + 1}\n" for i in range(100))
-    )
-    batches = list(read_table_file(path, schema=SCHEMA))
-    got = pa.Table.from_batches(batches)
-    assert got.num_rows == 100
-    assert got.schema.field("day").type == pa.date32()
-    assert got["name"][3].as_py() == "n3"
-
-
-def test_read_csv_errors(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.csv"
-    bad.write_text("id,name\n1,a\n2,b,extra\n")
-    with pytest.raises(InvalidInput, match=r"cannot parse CSV file .*bad\.csv"):
-        list(read_table_file(bad))
-    typed = tmp_path / "typed.csv"
-    typed.write_text("id,name,day\nx,a,2024-01-01\n")
-    with pytest.raises(InvalidInput, match="cannot parse CSV"):
-        list(read_table_file(typed, schema=SCHEMA))
-
-
-def test_read_parquet_in_batches(tmp_path: Path) -> None:
-    path = tmp_path / "rows.pq"
-    pq.write_table(table(1000), path)
-    batches = list(read_table_file(path, batch_rows=300))
-    assert [b.num_rows for b in batches] == [300, 300, 300, 100]
-    assert pa.Table.from_batches(batches).equals(table(1000))
-    broken = tmp_path / "broken.parquet"
-    broken.write_bytes(b"definitely not parquet")
-    with pytest.raises(InvalidInput, match=r"cannot read Parquet file .*broken\.parquet"):
-        list(read_table_file(broken))
-
-
-def test_read_file_suffix_and_missing(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInput, match=r"unknown file type '\.json'"):
-        read_table_file(tmp_path / "rows.json")
-    with pytest.raises(NotFound, match="file"):
-        read_table_file(tmp_path / "absent.csv")

@@ -231,16 +231,25 @@ def table_batches(table: pa.Table, *, max_rows: int = 65_536) -> Iterator[pa.Rec
 
 
 def encode_arrow_stream(
-    schema: pa.Schema, batches: Iterable[pa.RecordBatch], fragment_bytes: int = 1 << 20
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    fragment_bytes: int = 1 << 20,
+    *,
+    max_batch_bytes: int = 16 << 20,
 ) -> Iterator[bytes]:
     """Write ``batches`` as ONE Arrow IPC stream and yield it in fragments of ``fragment_bytes``.
 
     Only the last fragment may be shorter. Joined, the fragments are a complete stream (schema,
     batches, end-of-stream marker) that :func:`decode_ipc` reads back; at least one fragment
-    is yielded, even for no batches. Memory stays around one batch plus one fragment.
+    is yielded, even for no batches. Batches over ``max_batch_bytes`` are split and dictionary
+    columns decoded, so the governance service's stream decoder always accepts the result.
+    Memory stays around one batch plus one fragment.
     """
     if fragment_bytes <= 0:
         raise InvalidInput(f"fragment_bytes must be positive, not {fragment_bytes}")
+    plain = pa.schema(
+        [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema]
+    )
     sink = io.BytesIO()
     pending = bytearray()
 
@@ -252,10 +261,15 @@ def encode_arrow_stream(
             yield bytes(pending[:fragment_bytes])
             del pending[:fragment_bytes]
 
-    with pa.ipc.new_stream(sink, schema) as writer:
+    with pa.ipc.new_stream(sink, plain) as writer:
         for batch in batches:
-            writer.write_batch(batch)
-            yield from drain()
+            if batch.schema != plain:
+                batch = batch.cast(plain)
+            row_bytes = max(batch.nbytes / max(batch.num_rows, 1), 1)
+            step = max(1, int(max_batch_bytes / row_bytes))
+            for start in range(0, batch.num_rows, step):
+                writer.write_batch(batch.slice(start, step))
+                yield from drain()
     yield from drain()
     if pending:
         yield bytes(pending)

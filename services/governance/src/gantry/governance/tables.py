@@ -1,4 +1,4 @@
-"""Table bytes: Parquet shards, Arrow IPC streams in fragments, and local CSV/Parquet files.
+"""Table bytes: Parquet shards, and Arrow IPC streams arriving in fragments.
 
 Uploads arrive as fragments of one Arrow IPC stream (:class:`ArrowStreamDecoder` turns them
 back into record batches without holding the whole stream); conformed batches are cut into
@@ -11,19 +11,15 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from gantry.core import IntegrityError, InvalidInput, NotFound
-from gantry.governance.schema import ColumnType, DatasetSchema, conform
+from gantry.core import IntegrityError, InvalidInput
+from gantry.governance.schema import DatasetSchema, conform
 
 _CONTINUATION = 0xFFFFFFFF
-_END_OF_STREAM = struct.pack("<Ii", _CONTINUATION, 0)
 _MAX_MESSAGE_BYTES = 256 << 20
 
 
@@ -117,8 +113,7 @@ def _body_length(meta: memoryview) -> int:
 def _not_a_stream(detail: str) -> InvalidInput:
     return InvalidInput(
         f"the upload is not a valid Arrow IPC stream: {detail}",
-        hint="send the table as one Arrow IPC stream (schema, then record batches), e.g. with "
-        "encode_arrow_stream",
+        hint="send the table as one Arrow IPC stream (schema, then record batches), e.g. with ",
     )
 
 
@@ -199,7 +194,7 @@ class ArrowStreamDecoder:
         if body < 0 or total > self._max:
             raise InvalidInput(
                 f"a record batch of {total} bytes exceeds the limit of {self._max} bytes",
-                hint="send smaller record batches (encode_arrow_stream splits them for you)",
+                hint="send smaller record batches (the SDK's upload splits them for you)",
             )
         if len(buf) < total:
             return None
@@ -227,106 +222,6 @@ class ArrowStreamDecoder:
         except (pa.ArrowInvalid, OSError) as exc:
             raise _not_a_stream(str(exc)) from None
         raise _not_a_stream(f"unexpected {message.type} message")
-
-
-def encode_arrow_stream(
-    data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
-    fragment_bytes: int = 1 << 20,
-    *,
-    schema: pa.Schema | None = None,
-    max_batch_bytes: int = 16 << 20,
-) -> Iterator[bytes]:
-    """Encode rows as one Arrow IPC stream, yielded in fragments of ``fragment_bytes``.
-
-    Batches over ``max_batch_bytes`` are split and dictionary columns decoded, so the result
-    is always accepted by :class:`ArrowStreamDecoder`. ``schema`` is needed only for an empty
-    iterable of batches.
-    """
-    if fragment_bytes <= 0:
-        raise InvalidInput(f"fragment size {fragment_bytes} is not positive", hint="pass bytes > 0")
-    if isinstance(data, pa.Table):
-        schema, batches = data.schema, iter(data.to_batches())
-    elif isinstance(data, pa.RecordBatch):
-        schema, batches = data.schema, iter([data])
-    else:
-        batches = iter(data)
-        first = next(batches, None)
-        if first is not None:
-            schema, batches = first.schema, _chain(first, batches)
-        elif schema is None:
-            raise InvalidInput("no record batches to encode", hint="pass the schema as schema=")
-    plain = pa.schema(
-        [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema]
-    )
-    pending = bytearray(plain.serialize().to_pybytes())
-    for batch in batches:
-        if batch.schema != plain:
-            batch = batch.cast(plain)
-        step = max(1, int(max_batch_bytes / max(batch.nbytes / max(batch.num_rows, 1), 1)))
-        for start in range(0, max(batch.num_rows, 1), step):
-            pending += batch.slice(start, step).serialize().to_pybytes()
-            while len(pending) >= fragment_bytes:
-                yield bytes(pending[:fragment_bytes])
-                del pending[:fragment_bytes]
-    pending += _END_OF_STREAM
-    for start in range(0, len(pending), fragment_bytes):
-        yield bytes(pending[start : start + fragment_bytes])
-
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest
-
-
-def read_table_file(
-    path: str | Path, *, schema: DatasetSchema | None = None, batch_rows: int = 65536
-) -> Iterator[pa.RecordBatch]:
-    """Stream the rows of a local ``.csv``, ``.parquet`` or ``.pq`` file as record batches.
-
-    With ``schema``, CSV columns are parsed as the schema's types (timestamps must carry a
-    zone offset). Errors surface as :class:`InvalidInput` naming the file.
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".parquet", ".pq"):
-        raise InvalidInput(
-            f"cannot read {path}: unknown file type {suffix or '(no suffix)'!r}",
-            hint="use a .csv, .parquet or .pq file",
-        )
-    if not path.is_file():
-        raise NotFound("file", str(path), hint="check the path")
-    return _read_csv(path, schema) if suffix == ".csv" else _read_parquet(path, batch_rows)
-
-
-def _read_csv(path: Path, schema: DatasetSchema | None) -> Iterator[pa.RecordBatch]:
-    types = {c.name: c.type.arrow() for c in schema.columns} if schema else {}
-    options = pacsv.ConvertOptions(column_types=types)
-    hint = (
-        "check that it is CSV with a header row, every row has the same number of fields, "
-        "and values parse as their column types"
-    )
-    if schema and any(c.type == ColumnType.TIMESTAMP for c in schema.columns):
-        hint += " (timestamps need a zone, e.g. 2024-01-31T10:00:00Z)"
-    with pa.OSFile(str(path)) as source:
-        try:
-            reader = pacsv.open_csv(source, convert_options=options)
-            while True:
-                try:
-                    yield reader.read_next_batch()
-                except StopIteration:
-                    return
-        except pa.ArrowInvalid as exc:
-            raise InvalidInput(f"cannot parse CSV file {path}: {exc}", hint=hint) from None
-
-
-def _read_parquet(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    try:
-        with pq.ParquetFile(path) as pf:
-            yield from pf.iter_batches(batch_size=batch_rows)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InvalidInput(
-            f"cannot read Parquet file {path}: {exc}", hint="check that it is a Parquet file"
-        ) from None
 
 
 def shard_to_table(data: bytes | bytearray) -> pa.Table:
@@ -362,9 +257,7 @@ __all__ = [
     "ArrowStreamDecoder",
     "Shard",
     "ShardWriter",
-    "encode_arrow_stream",
     "ipc_to_table",
-    "read_table_file",
     "shard_to_table",
     "table_to_ipc",
 ]

@@ -164,14 +164,167 @@ class DatasetUse(EventData):
     view: Literal["raw", "deidentified"] = "deidentified"
 
 
+class WorkerPlacement(EventData):
+    """Where one worker of a job runs: the node and the GPUs (index, milli-GPU) it takes."""
+
+    worker: int = Field(ge=0, description="the worker's rank in this attempt")
+    node: str
+    gpus: list[tuple[int, int]] = Field(default_factory=list)
+    cpu_milli: int = Field(default=0, ge=0)
+    memory_mib: int = Field(default=0, ge=0)
+
+
 class JobScheduled(EventData):
-    """A job was placed on nodes (the scheduler's decision); governance issues its data grant."""
+    """A job was placed on nodes (the scheduler's decision); governance issues its data grant
+    and the node agents named in ``placements`` start the workers."""
 
     job_id: str
     owner: str = ""
     owner_roles: list[str] = Field(default_factory=list)
     nodes: list[str] = Field(default_factory=list)
     datasets: list[DatasetUse] = Field(default_factory=list)
+    name: str = ""
+    queue: str = ""
+    attempt: int = Field(default=1, ge=1, description="1 for the first run, +1 per requeue")
+    placements: list[WorkerPlacement] = Field(default_factory=list)
+    spec: dict[str, Any] = Field(
+        default_factory=dict, description="the job's TrainingJob spec section, as submitted"
+    )
+    resume: bool = Field(default=False, description="resume from the last checkpoint")
+
+
+class JobSubmitted(EventData):
+    """A job was accepted by the scheduler (validated, queued)."""
+
+    job_id: str
+    name: str
+    queue: str
+    owner: str
+    priority: int
+    replicas: int = Field(ge=1)
+    min_replicas: int = Field(ge=1)
+    gpu_milli: int = Field(ge=0, description="milli-GPU per worker")
+    request_id: str = ""
+
+
+class JobStateChanged(EventData):
+    """A job moved to a new state (pending, scheduled, running, stopping, succeeded, failed,
+    cancelled), with the reason in words."""
+
+    job_id: str
+    state: str
+    previous: str = ""
+    reason: str = ""
+    attempt: int = Field(default=0, ge=0)
+
+
+class JobStopRequested(EventData):
+    """The scheduler asks the job's node agents to checkpoint and stop its workers."""
+
+    job_id: str
+    attempt: int = Field(ge=1)
+    reason: Literal["preempted", "cancelled", "shrink", "resize", "max-runtime", "gang-timeout"]
+    nodes: list[str] = Field(default_factory=list)
+    workers: list[int] = Field(default_factory=list, description="ranks to stop; empty = all")
+    grace_s: float = Field(default=30.0, ge=0)
+
+
+class JobWorkersReported(EventData):
+    """A node agent's report on a job's workers it runs: started, checkpointed or stopped."""
+
+    job_id: str
+    attempt: int = Field(ge=1)
+    node: str
+    workers: list[int] = Field(default_factory=list)
+    status: Literal["started", "checkpointed", "succeeded", "failed", "stopped"]
+    exit_code: int = 0
+    message: str = ""
+    step: int = Field(default=0, ge=0, description="training step of a checkpoint")
+
+
+class JobUsage(EventData):
+    """Resources a job attempt consumed (on every stop): the basis of usage accounting."""
+
+    job_id: str
+    owner: str
+    queue: str
+    pools: list[str] = Field(default_factory=list)
+    attempt: int = Field(ge=1)
+    gpu_seconds: float = Field(ge=0)
+    cpu_seconds: float = Field(ge=0)
+    queueing_s: float = Field(ge=0)
+    run_s: float = Field(ge=0)
+
+
+class JobLogLines(EventData):
+    """Lines a job's worker wrote (batched by the node agent; on the LOGS stream)."""
+
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    node: str
+    worker: int = Field(default=0, ge=0)
+    stream: Literal["stdout", "stderr", "gantry"] = "stdout"
+    lines: list[str] = Field(default_factory=list)
+    at_ms: int = 0
+
+
+class GpuDevice(EventData):
+    """One GPU of a node."""
+
+    index: int = Field(ge=0)
+    model: str
+    memory_mib: int = Field(default=0, ge=0)
+    numa: int = -1
+    nvlink_domain: str = ""
+
+
+class NodeRegistered(EventData):
+    """A node agent registered (or re-registered) its node's inventory."""
+
+    node: str
+    pool: str = "default"
+    cpu_milli: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    gpus: list[GpuDevice] = Field(default_factory=list)
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="topology labels: rack, zone, nvlink, numa, ..."
+    )
+    heartbeat_s: float = Field(default=5.0, gt=0, description="how often it will heartbeat")
+    agent: str = ""
+
+
+class NodeHeartbeat(EventData):
+    """A node agent is alive (on the METRICS stream: frequent, short-lived, not audited)."""
+
+    node: str
+    seq: int = Field(ge=0)
+    jobs: list[str] = Field(default_factory=list, description="jobs with workers running here")
+    gpu_util: float = Field(default=0.0, ge=0, le=1)
+
+
+class NodeLost(EventData):
+    """A node missed its heartbeats; its jobs were requeued."""
+
+    node: str
+    last_seen_ms: int
+    requeued: list[str] = Field(default_factory=list)
+
+
+class NodeHealth(EventData):
+    """A node was marked degraded (slow, throttling) or recovered, e.g. by the profiler."""
+
+    node: str
+    reason: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class QueueChanged(EventData):
+    """A queue was created or its quota changed."""
+
+    queue: str
+    cohort: str = ""
+    quota: dict[str, float] = Field(default_factory=dict)
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -269,6 +422,26 @@ MODEL_REGISTERED = register(
     "gantry.model.registered", 1, ModelRegistered, "A model version was registered."
 )
 JOB_SCHEDULED = register("gantry.job.scheduled", 1, JobScheduled, "A job was placed on nodes.")
+JOB_SUBMITTED = register("gantry.job.submitted", 1, JobSubmitted, "A job was accepted.")
+JOB_STATE = register("gantry.job.state", 1, JobStateChanged, "A job changed state.")
+JOB_STOP_REQUESTED = register(
+    "gantry.job.stop.requested", 1, JobStopRequested, "Workers are asked to checkpoint and stop."
+)
+JOB_WORKERS = register(
+    "gantry.job.workers", 1, JobWorkersReported, "A node agent reports on a job's workers."
+)
+JOB_LOG = register("gantry.log.job", 1, JobLogLines, "Log lines of a job's worker.")
+JOB_USAGE = register("gantry.job.usage", 1, JobUsage, "Resources a job attempt consumed.")
+NODE_REGISTERED = register(
+    "gantry.node.registered", 1, NodeRegistered, "A node agent registered its inventory."
+)
+NODE_HEARTBEAT = register(
+    "gantry.metrics.node.heartbeat", 1, NodeHeartbeat, "A node agent is alive."
+)
+NODE_LOST = register("gantry.node.lost", 1, NodeLost, "A node missed its heartbeats.")
+NODE_DEGRADED = register("gantry.node.degraded", 1, NodeHealth, "A node was marked degraded.")
+NODE_RECOVERED = register("gantry.node.recovered", 1, NodeHealth, "A node recovered.")
+QUEUE_CHANGED = register("gantry.job.queue.changed", 1, QueueChanged, "A queue quota changed.")
 
 __all__ = [
     "AUDIT_CHECKPOINT",
@@ -279,9 +452,21 @@ __all__ = [
     "GARBAGE_COLLECTED",
     "GRANT_ISSUED",
     "GRANT_REVOKED",
+    "JOB_LOG",
     "JOB_SCHEDULED",
+    "JOB_STATE",
+    "JOB_STOP_REQUESTED",
+    "JOB_SUBMITTED",
+    "JOB_USAGE",
+    "JOB_WORKERS",
     "KEYS_ROTATED",
     "MODEL_REGISTERED",
+    "NODE_DEGRADED",
+    "NODE_HEARTBEAT",
+    "NODE_LOST",
+    "NODE_RECOVERED",
+    "NODE_REGISTERED",
+    "QUEUE_CHANGED",
     "VERSION_COMMITTED",
     "VIEW_POLICY_CHANGED",
     "AuditCheckpoint",
@@ -293,13 +478,26 @@ __all__ = [
     "EventData",
     "EventSpec",
     "GarbageCollected",
+    "GpuDevice",
     "GrantIssued",
     "GrantRevoked",
+    "JobLogLines",
     "JobScheduled",
+    "JobStateChanged",
+    "JobStopRequested",
+    "JobSubmitted",
+    "JobUsage",
+    "JobWorkersReported",
     "KeysRotated",
     "ModelRegistered",
+    "NodeHealth",
+    "NodeHeartbeat",
+    "NodeLost",
+    "NodeRegistered",
+    "QueueChanged",
     "VersionCommitted",
     "ViewPolicyChanged",
+    "WorkerPlacement",
     "catalog",
     "lookup",
     "register",

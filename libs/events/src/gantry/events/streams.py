@@ -30,6 +30,12 @@ STREAMS: tuple[StreamDef, ...] = (
     StreamDef("AUDIT", ("gantry.audit.>",), description="Audit checkpoints and queries"),
     StreamDef("EXTERNAL", ("ext.>",), description="Events emitted by outside services"),
     StreamDef(
+        "LOGS",
+        ("gantry.log.>",),
+        max_age_s=7 * 86400.0,
+        description="Worker log lines, kept a week",
+    ),
+    StreamDef(
         "METRICS",
         ("gantry.metrics.>",),
         max_age_s=3600.0,
@@ -46,7 +52,7 @@ STREAMS: tuple[StreamDef, ...] = (
 _PREFIXES = [(s.subjects[0][:-1], s.name) for s in STREAMS]  # "gantry.job." -> JOBS
 
 AUDITED_STREAMS: tuple[str, ...] = tuple(
-    s.name for s in STREAMS if s.name not in ("METRICS", "DEADLETTER")
+    s.name for s in STREAMS if s.name not in ("METRICS", "LOGS", "DEADLETTER")
 )
 
 

@@ -1,0 +1,1 @@
+"""The scheduler service: queues, quotas, placement, preemption and nodes, over NATS and gRPC."""

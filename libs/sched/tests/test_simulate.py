@@ -32,8 +32,8 @@ def test_duration_aware_order_beats_fifo_and_approaches_the_oracle() -> None:
     oracle = simulate(c, burst(), BestFitPolicy(), "sjf-oracle").summary()
     # teach the predictor what these jobs take (history from earlier runs)
     sim = Simulator(c, burst(), BestFitPolicy(), "gantry")
-    for job in sim.jobs:
-        sim.predictor.observe(job.features, job.trace.duration)
+    for run in sim.runs:
+        sim.engine.predictor.observe(run.engine_job.features, run.trace.duration)
     gantry = sim.run().summary()
     assert gantry["avg_jct_s"] < 0.6 * fifo["avg_jct_s"]
     assert oracle["avg_jct_s"] <= gantry["avg_jct_s"] <= 1.3 * oracle["avg_jct_s"]

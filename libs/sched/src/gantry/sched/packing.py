@@ -212,9 +212,13 @@ class FgdPolicy(_FragmentationPolicy):
 
     name = "fgd"
 
-    def choose(self, cluster: Cluster, demand: Demand) -> Placement | None:
+    def choose(
+        self, cluster: Cluster, demand: Demand, nodes: NDArray[np.bool_] | None = None
+    ) -> Placement | None:
         """The node whose fragmentation rises least; GPUs by ``choose_gpus``."""
         column = self.table(cluster).column(demand)
+        if nodes is not None:
+            column[~nodes] = np.inf
         node = int(np.argmin(column))
         if not np.isfinite(column[node]):
             return None
@@ -271,9 +275,13 @@ class GantryPolicy(_FragmentationPolicy):
             score = score + weight * table.pressure_penalty
         return score
 
-    def choose(self, cluster: Cluster, demand: Demand) -> Placement | None:
+    def choose(
+        self, cluster: Cluster, demand: Demand, nodes: NDArray[np.bool_] | None = None
+    ) -> Placement | None:
         """The node with the least score, best fit among ties; GPUs by ``choose_gpus``."""
         score = self.scores(cluster, demand)
+        if nodes is not None:
+            score = np.where(nodes, score, np.inf)
         best = float(score.min())
         if not np.isfinite(best):
             return None

@@ -34,13 +34,17 @@ class Placement:
 class PlacementPolicy(Protocol):
     """A placement policy: a feasible placement for ``demand``, or None when none exists.
 
-    ``choose`` does not change the cluster; the caller allocates the result.
+    ``choose`` does not change the cluster; the caller allocates the result. ``nodes``, when
+    given, is a mask of the nodes the caller allows (pools, health, a gang's topology); the
+    policy picks among them only.
     """
 
     name: str
 
-    def choose(self, cluster: Cluster, demand: Demand) -> Placement | None:
-        """Pick a node (and GPUs on it) for ``demand``."""
+    def choose(
+        self, cluster: Cluster, demand: Demand, nodes: NDArray[np.bool_] | None = None
+    ) -> Placement | None:
+        """Pick a node (and GPUs on it) for ``demand``, among ``nodes`` when given."""
         ...
 
 
@@ -51,9 +55,13 @@ def allowed_models(cluster: Cluster, demand: Demand) -> NDArray[np.bool_]:
     return np.asarray([name in demand.models for name in cluster.model_names], dtype=np.bool_)
 
 
-def feasible_nodes(cluster: Cluster, demand: Demand) -> NDArray[np.bool_]:
-    """A mask over nodes: where ``demand`` fits right now."""
+def feasible_nodes(
+    cluster: Cluster, demand: Demand, nodes: NDArray[np.bool_] | None = None
+) -> NDArray[np.bool_]:
+    """A mask over nodes: where ``demand`` fits right now (among ``nodes`` when given)."""
     ok = (cluster.cpu_free >= demand.cpu_milli) & (cluster.mem_free >= demand.memory_mib)
+    if nodes is not None:
+        ok &= nodes
     if demand.num_gpu == 0:
         return ok
     ok &= allowed_models(cluster, demand)[cluster.model]
@@ -96,9 +104,11 @@ class RandomPolicy:
     def __init__(self, seed: int = 0) -> None:
         self._rng = np.random.default_rng(seed)
 
-    def choose(self, cluster: Cluster, demand: Demand) -> Placement | None:
+    def choose(
+        self, cluster: Cluster, demand: Demand, nodes: NDArray[np.bool_] | None = None
+    ) -> Placement | None:
         """A random feasible node; GPUs by :func:`choose_gpus`."""
-        candidates = np.flatnonzero(feasible_nodes(cluster, demand))
+        candidates = np.flatnonzero(feasible_nodes(cluster, demand, nodes))
         if candidates.size == 0:
             return None
         node = int(candidates[self._rng.integers(candidates.size)])
@@ -110,9 +120,11 @@ class BestFitPolicy:
 
     name = "bestfit"
 
-    def choose(self, cluster: Cluster, demand: Demand) -> Placement | None:
+    def choose(
+        self, cluster: Cluster, demand: Demand, nodes: NDArray[np.bool_] | None = None
+    ) -> Placement | None:
         """The best-fitting feasible node; GPUs by :func:`choose_gpus`."""
-        candidates = np.flatnonzero(feasible_nodes(cluster, demand))
+        candidates = np.flatnonzero(feasible_nodes(cluster, demand, nodes))
         if candidates.size == 0:
             return None
         node = int(best_fit_order(cluster, demand, candidates)[0])

@@ -175,6 +175,19 @@ class QueueBook:
         self._usage: dict[str, _Usage] = {name: _Usage() for name in self.queues}
         self._held: dict[str, tuple[str, Amount]] = {}
 
+    def copy(self) -> QueueBook:
+        """An independent copy (for what-if checks)."""
+        clone = QueueBook(self.queues.values(), self.capacity)
+        for name, usage in self._usage.items():
+            clone._usage[name] = _Usage(usage.used, set(usage.jobs))
+        clone._held = dict(self._held)
+        return clone
+
+    def set_queue(self, config: QueueConfig) -> None:
+        """Add a queue or change one's quota, cohort, limit or weight (usage is kept)."""
+        self.queues[config.name] = config
+        self._usage.setdefault(config.name, _Usage())
+
     def queue(self, name: str) -> QueueConfig:
         """The queue called ``name``; :class:`NotFound` lists the known ones."""
         try:

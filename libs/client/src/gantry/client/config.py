@@ -28,6 +28,12 @@ class ClientSettings(CommonSettings):
         "<data_dir>/run/governance.json.",
     )
 
+    scheduler_addr: str | None = Field(
+        default=None,
+        description="host:port of the scheduler gRPC API; default: from "
+        "<data_dir>/run/scheduler.json.",
+    )
+
     def address(self, service: str) -> str:
         """host:port of ``service``: the explicit setting, else the running platform's file."""
         explicit = getattr(self, f"{service}_addr", None)

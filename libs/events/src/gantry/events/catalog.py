@@ -223,7 +223,16 @@ class JobStopRequested(EventData):
 
     job_id: str
     attempt: int = Field(ge=1)
-    reason: Literal["preempted", "cancelled", "shrink", "resize", "max-runtime", "gang-timeout"]
+    reason: Literal[
+        "preempted",
+        "cancelled",
+        "shrink",
+        "resize",
+        "max-runtime",
+        "gang-timeout",
+        "node-lost",
+        "failed",
+    ]
     nodes: list[str] = Field(default_factory=list)
     workers: list[int] = Field(default_factory=list, description="ranks to stop; empty = all")
     grace_s: float = Field(default=30.0, ge=0)

@@ -43,6 +43,7 @@ from gantry.client.cli._common import (
 )
 from gantry.client.cli._data import data_app
 from gantry.client.cli._events import events_app
+from gantry.client.cli._jobs import jobs_app, nodes_app, queues_app, usage
 from gantry.client.cli._models import models_app
 from gantry.client.cli._sim import sim
 from gantry.client.cli._up import up
@@ -64,6 +65,10 @@ app.add_typer(events_app, name="events")
 app.add_typer(audit_app, name="audit")
 app.add_typer(data_app, name="data")
 app.add_typer(models_app, name="models")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(nodes_app, name="nodes")
+app.add_typer(queues_app, name="queues")
+app.command("usage")(usage)
 
 
 @app.callback()

@@ -1,0 +1,621 @@
+"""The test node agent against a real nats-server: the test plays the scheduler's part.
+
+It publishes signed ``gantry.job.scheduled`` / ``gantry.job.stop.requested`` events and reads
+what the agent publishes through a plain subscription on ``gantry.>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from gantry.core import NatsSettings, new_id
+from gantry.events import Bus, EventEnvelope, Publisher
+from gantry.events.catalog import (
+    JOB_SCHEDULED,
+    JOB_STOP_REQUESTED,
+    EventData,
+    JobScheduled,
+    JobStopRequested,
+    WorkerPlacement,
+)
+from gantry.security.keyring import Keyring
+from gantry.supervisor import NatsServer
+from gantry.testing.agent import (
+    SCHEDULER_SOURCE,
+    AgentOptions,
+    AgentSettings,
+    NodeAgent,
+    NodeInventory,
+    build_parser,
+    declared_gpus,
+    inventory_from_args,
+    main,
+    master_port,
+    worker_command,
+    worker_environment,
+)
+from gantry.testing.agent import spawn_agent as spawn_agent_process
+
+HEARTBEAT_S = 0.2
+NODE = "n1"
+
+# -- worker scripts (run with ``python -c``) -------------------------------------------------
+
+PRINT_RANK = 'import os; print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"])'
+
+FAIL = textwrap.dedent(
+    """
+    import os, sys, time
+    if os.environ["RANK"] == "0":
+        time.sleep(0.2)
+        print("loading", flush=True)
+        print("boom: bad input", file=sys.stderr)
+        sys.exit(3)
+    time.sleep(60)
+    """
+)
+
+#: Counts its starts, checkpoints its step on SIGTERM, says whether it resumes and from where.
+TRAIN = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys, time
+    ckpt = pathlib.Path(os.environ["GANTRY_CHECKPOINT_DIR"])
+    with open(ckpt / "starts", "a") as f:
+        f.write(os.environ["RANK"] + "\\n")
+    (ckpt / f"pid-{os.environ['RANK']}").write_text(str(os.getpid()))
+    step = 0
+    def on_term(*_):
+        (ckpt / "step").write_text(str(step))
+        print("checkpointed at", step, flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    last = (ckpt / "step").read_text() if (ckpt / "step").exists() else "none"
+    print("resume", os.environ.get("GANTRY_RESUME", "0"), "from", last, flush=True)
+    while not (ckpt / "go").exists():
+        step += 1
+        time.sleep(0.02)
+    print("done", flush=True)
+    """
+)
+
+
+# -- watching the bus and playing the scheduler ----------------------------------------------
+
+
+@dataclass
+class Seen:
+    subject: str
+    headers: dict[str, str]
+    event: EventEnvelope
+    at: float
+
+
+@dataclass
+class Watch:
+    """Everything published under ``gantry.>``, as it arrives."""
+
+    seen: list[Seen] = field(default_factory=list)
+    new: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def on_msg(self, msg: Any) -> None:
+        event = EventEnvelope.from_bytes(msg.data)
+        self.seen.append(Seen(msg.subject, dict(msg.headers or {}), event, time.monotonic()))
+        self.new.set()
+
+    def of(self, subject: str, **where: Any) -> list[EventEnvelope]:
+        return [
+            s.event
+            for s in self.seen
+            if s.subject == subject and all(s.event.data.get(k) == v for k, v in where.items())
+        ]
+
+    def reports(self, job_id: str) -> list[dict[str, Any]]:
+        return [e.data for e in self.of("gantry.job.workers", job_id=job_id)]
+
+    def statuses(self, job_id: str) -> list[str]:
+        return [r["status"] for r in self.reports(job_id)]
+
+    def log_lines(self, job_id: str, stream: str = "stdout") -> list[str]:
+        return [
+            line for e in self.of("gantry.log.job", job_id=job_id, stream=stream)
+            for line in e.data["lines"]
+        ]  # fmt: skip
+
+    async def until(
+        self, subject: str, n: int = 1, *, wait_s: float = 10.0, **where: Any
+    ) -> list[EventEnvelope]:
+        async with asyncio.timeout(wait_s):
+            while len(found := self.of(subject, **where)) < n:
+                self.new.clear()
+                await self.new.wait()
+        return found
+
+    async def report(self, job_id: str, status: str, *, wait_s: float = 10.0) -> dict[str, Any]:
+        return (
+            await self.until("gantry.job.workers", job_id=job_id, status=status, wait_s=wait_s)
+        )[0].data
+
+
+@dataclass
+class Scheduler:
+    """Publishes what the scheduler would, signed with its service key."""
+
+    bus: Bus
+    keyring: Keyring
+
+    def envelope(
+        self, type_: str, data: EventData, source: str = SCHEDULER_SOURCE
+    ) -> EventEnvelope:
+        return EventEnvelope(
+            type=type_, source=source, actor="svc-scheduler", data=data.model_dump(mode="json")
+        )
+
+    async def publish(self, event: EventEnvelope, signer: Any = "scheduler") -> None:
+        key = self.keyring.service_key(signer) if isinstance(signer, str) else signer
+        await Publisher(self.bus, signer=key).publish(event)
+
+    def job(
+        self,
+        script: str,
+        *,
+        job_id: str | None = None,
+        workers: int = 1,
+        elsewhere: int = 0,
+        attempt: int = 1,
+        resume: bool = False,
+        node: str = NODE,
+    ) -> JobScheduled:
+        placements = [
+            WorkerPlacement(worker=r, node=node, gpus=[(r, 1000)]) for r in range(workers)
+        ] + [WorkerPlacement(worker=workers + r, node="n-other") for r in range(elsewhere)]
+        return JobScheduled(
+            job_id=job_id or new_id(),
+            attempt=attempt,
+            resume=resume,
+            nodes=sorted({p.node for p in placements}),
+            placements=placements,
+            spec={"entrypoint": {"command": [sys.executable, "-c", script]}},
+        )
+
+    async def schedule(self, job: JobScheduled, **kw: Any) -> EventEnvelope:
+        event = self.envelope(JOB_SCHEDULED.type, job, **kw)
+        await self.publish(event)
+        return event
+
+    async def stop(self, job: JobScheduled, *, grace_s: float = 5.0, **kw: Any) -> None:
+        request = JobStopRequested(
+            job_id=job.job_id, attempt=job.attempt, reason="preempted", grace_s=grace_s, **kw
+        )
+        await self.publish(self.envelope(JOB_STOP_REQUESTED.type, request))
+
+
+@dataclass
+class Env:
+    data_dir: Path
+    nats_url: str
+    keyring: Keyring
+    watch: Watch
+    scheduler: Scheduler
+
+    def settings(self) -> AgentSettings:
+        return AgentSettings(
+            data_dir=self.data_dir,
+            nats=NatsSettings(url=self.nats_url, reconnect_wait_s=0.1),
+            agent=AgentOptions(heartbeat_s=HEARTBEAT_S, log_flush_s=0.1, shutdown_grace_s=5),
+        )
+
+    def checkpoint_dir(self, job: JobScheduled) -> Path:
+        return self.settings().checkpoint_root / job.job_id
+
+
+@pytest.fixture
+async def env(tmp_path: Path, nats_url: str) -> AsyncIterator[Env]:
+    """Keys, the streams, a watch on the bus and the scheduler's publisher."""
+    data_dir = tmp_path / "data"
+    keyring = Keyring(data_dir / "keys")
+    keyring.service_key("scheduler")
+    watch = Watch()
+    nc = await nats.connect(nats_url, reconnect_time_wait=0.1)
+    await nc.subscribe("gantry.>", cb=watch.on_msg)
+    await nc.flush()
+    bus = await Bus.connect(NatsSettings(url=nats_url, reconnect_wait_s=0.1), name="scheduler")
+    await bus.ensure_streams()
+    try:
+        yield Env(data_dir, nats_url, keyring, watch, Scheduler(bus, keyring))
+    finally:
+        await bus.close()
+        await nc.close()
+
+
+@pytest.fixture
+async def agent(env: Env) -> AsyncIterator[NodeAgent]:
+    """An agent for node n1 (8 CPUs, 16 GiB, two declared A100s) in this event loop."""
+    inventory = NodeInventory(
+        node=NODE,
+        pool="onprem",
+        cpu_milli=8000,
+        memory_mib=16384,
+        gpus=declared_gpus(2, "A100", 81920),
+        labels={"rack": "r1"},
+    )
+    node = NodeAgent(env.settings(), inventory, keyring=env.keyring)
+    task = asyncio.create_task(node.run())
+    async with asyncio.timeout(10):
+        while not node.ready.is_set():
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.02)
+    try:
+        yield node
+    finally:
+        node.stop()
+        await asyncio.wait_for(task, 20)
+
+
+# -- registration and heartbeats -------------------------------------------------------------
+
+
+async def test_registers_its_inventory_then_heartbeats_with_increasing_seq(
+    env: Env, agent: NodeAgent
+) -> None:
+    [registered] = await env.watch.until("gantry.node.registered")
+    assert registered.source == "gantry/training-agent"
+    assert registered.data["node"] == NODE
+    assert registered.data["pool"] == "onprem"
+    assert registered.data["cpu_milli"] == 8000
+    assert registered.data["memory_mib"] == 16384
+    assert [g["model"] for g in registered.data["gpus"]] == ["A100", "A100"]
+    assert registered.data["labels"] == {"rack": "r1"}
+    assert registered.data["heartbeat_s"] == HEARTBEAT_S
+
+    beats = await env.watch.until("gantry.metrics.node.heartbeat", 3, node=NODE)
+    seqs = [b.data["seq"] for b in beats]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert all(b.data["jobs"] == [] for b in beats)
+    registered_at = next(s.at for s in env.watch.seen if s.subject == "gantry.node.registered")
+    first_beat_at = next(s.at for s in env.watch.seen if s.subject.endswith("heartbeat"))
+    assert registered_at <= first_beat_at
+    # signed with the agent's own platform key
+    heads = [s.headers for s in env.watch.seen if s.subject == "gantry.node.registered"]
+    assert heads[0]["Gantry-Signature"].startswith("svc-training-agent:")
+
+
+def test_the_command_line_declares_hardware() -> None:
+    args = build_parser().parse_args(
+        shlex.split(
+            "--node x --pool onprem --gpus 4 --gpu-model H100 --gpu-memory 80Gi --cpus 32 "
+            "--memory 256Gi --rack r1 --label zone=z1"
+        )
+    )
+    inventory = inventory_from_args(args)
+    assert (inventory.node, inventory.pool) == ("x", "onprem")
+    assert (inventory.cpu_milli, inventory.memory_mib) == (32000, 256 * 1024)
+    assert [(g.index, g.model, g.memory_mib) for g in inventory.gpus] == [
+        (i, "H100", 80 * 1024) for i in range(4)
+    ]
+    assert inventory.labels == {"rack": "r1", "zone": "z1"}
+
+
+def test_a_bad_flag_is_an_error_that_says_what_to_write(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--gpus", "0", "--memory", "lots"]) == 2
+    assert "'lots' is not a quantity: write e.g. 32Gi" in capsys.readouterr().err
+
+
+def test_detect_reads_this_machine() -> None:
+    inventory = NodeInventory.detect("here", gpus=False)
+    assert inventory.cpu_milli >= 1000
+    assert inventory.memory_mib > 100
+    assert inventory.gpus == ()
+    assert inventory.to_event(heartbeat_s=1).node == "here"
+
+
+# -- running workers -------------------------------------------------------------------------
+
+
+async def test_runs_the_workers_placed_here_and_reports_success(env: Env, agent: NodeAgent) -> None:
+    job = env.scheduler.job(PRINT_RANK, workers=2, elsewhere=1)
+    scheduled = await env.scheduler.schedule(job)
+
+    started = await env.watch.report(job.job_id, "started")
+    assert started["workers"] == [0, 1] and started["node"] == NODE
+    succeeded = await env.watch.report(job.job_id, "succeeded")
+    assert succeeded["workers"] == [0, 1]
+    assert env.watch.statuses(job.job_id) == ["started", "succeeded"]
+    lines = env.watch.log_lines(job.job_id)
+    assert sorted(lines) == ["rank 0 of 3", "rank 1 of 3"]  # rank 2 runs on n-other
+    [report] = env.watch.of("gantry.job.workers", job_id=job.job_id, status="succeeded")
+    assert report.causation_id == scheduled.id
+    assert report.correlation_id == scheduled.correlation_id
+
+
+async def test_a_failing_worker_fails_the_node_and_its_siblings_are_killed(
+    env: Env, agent: NodeAgent
+) -> None:
+    job = env.scheduler.job(FAIL, workers=2)
+    await env.scheduler.schedule(job)
+
+    failed = await env.watch.report(job.job_id, "failed")
+    assert failed["exit_code"] == 3
+    assert failed["message"] == "boom: bad input"
+    assert failed["workers"] == [0, 1]
+    assert "loading" in env.watch.log_lines(job.job_id)
+    assert "boom: bad input" in env.watch.log_lines(job.job_id, "stderr")
+    async with asyncio.timeout(5):
+        while agent.running_jobs():  # rank 1 (sleeping a minute) was killed
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    assert env.watch.statuses(job.job_id) == ["started", "failed"]
+
+
+async def test_a_job_that_cannot_start_is_reported_failed(env: Env, agent: NodeAgent) -> None:
+    job = env.scheduler.job("")
+    job = job.model_copy(update={"spec": {"entrypoint": {"command": ["/nonexistent/trainer"]}}})
+    await env.scheduler.schedule(job)
+    failed = await env.watch.report(job.job_id, "failed")
+    assert failed["exit_code"] == 127
+    assert "cannot start" in failed["message"]
+
+
+async def test_stop_checkpoints_then_stops_and_a_resumed_attempt_sees_the_step(
+    env: Env, agent: NodeAgent
+) -> None:
+    job = env.scheduler.job(TRAIN)
+    await env.scheduler.schedule(job)
+    await env.watch.report(job.job_id, "started")
+    await env.watch.until("gantry.log.job", job_id=job.job_id)  # the SIGTERM handler is set
+    beat = await env.watch.until("gantry.metrics.node.heartbeat", 1, jobs=[job.job_id])
+    assert beat
+
+    began = time.monotonic()
+    await env.scheduler.stop(job, grace_s=5, nodes=[NODE])
+    stopped = await env.watch.report(job.job_id, "stopped")
+    assert time.monotonic() - began < 5
+    assert stopped["message"] == "preempted"
+    statuses = env.watch.statuses(job.job_id)
+    assert statuses == ["started", "checkpointed", "stopped"]
+    step = env.watch.reports(job.job_id)[1]["step"]
+    assert step > 0
+    assert (env.checkpoint_dir(job) / "step").read_text() == str(step)
+    assert f"checkpointed at {step}" in env.watch.log_lines(job.job_id)
+
+    # the same stop again, and one for an attempt that never ran here: nothing happens
+    await env.scheduler.stop(job)
+    await env.scheduler.stop(job.model_copy(update={"attempt": 7}))
+
+    resumed = job.model_copy(update={"attempt": 2, "resume": True})
+    await env.scheduler.schedule(resumed)
+    await env.watch.until("gantry.log.job", job_id=job.job_id, attempt=2)
+    assert env.watch.log_lines(job.job_id)[-1] == f"resume 1 from {step}"
+    assert env.watch.statuses(job.job_id) == ["started", "checkpointed", "stopped", "started"]
+
+    # shutting the agent down stops the running attempt too
+    agent.stop()
+    down = await env.watch.until("gantry.job.workers", job_id=job.job_id, status="stopped", n=2)
+    assert down[1].data["attempt"] == 2
+    assert down[1].data["message"] == "shutdown"
+
+
+async def test_a_stop_for_some_ranks_leaves_the_others_running(env: Env, agent: NodeAgent) -> None:
+    job = env.scheduler.job(TRAIN, workers=2)
+    await env.scheduler.schedule(job)
+    await env.watch.report(job.job_id, "started")
+    await env.watch.until("gantry.log.job", 2, job_id=job.job_id)
+    await env.scheduler.stop(job, workers=[1], nodes=[])
+    stopped = await env.watch.report(job.job_id, "stopped")
+    assert stopped["workers"] == [1]
+    assert agent.running_jobs() == [job.job_id]
+    (env.checkpoint_dir(job) / "go").touch()
+    succeeded = await env.watch.report(job.job_id, "succeeded")
+    assert succeeded["workers"] == [0]
+
+
+def test_worker_environment_without_an_agent(tmp_path: Path) -> None:
+    job = JobScheduled(
+        job_id="j-1",
+        attempt=3,
+        resume=True,
+        placements=[
+            WorkerPlacement(worker=0, node="a", gpus=[(2, 1000), (3, 1000)]),
+            WorkerPlacement(worker=1, node="b", gpus=[(0, 500)]),
+        ],
+    )
+    env = worker_environment(
+        job,
+        job.placements[1],
+        local_rank=0,
+        local_world_size=1,
+        checkpoint_dir=tmp_path,
+        base={"PATH": "/bin", "GANTRY_RESUME": "stale"},
+    )
+    assert env["GANTRY_RESUME"] == "1"
+    assert env["GANTRY_JOB_ID"] == "j-1" and env["GANTRY_ATTEMPT"] == "3"
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("1", "2", "0")
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["MASTER_PORT"] == str(master_port("j-1"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["GANTRY_GPU_MILLI"] == "500"
+    assert env["GANTRY_CHECKPOINT_DIR"] == str(tmp_path)
+    assert env["PATH"] == "/bin"
+    first = worker_environment(
+        job.model_copy(update={"resume": False}),
+        job.placements[0],
+        local_rank=0,
+        local_world_size=1,
+        checkpoint_dir=tmp_path,
+        base={"GANTRY_RESUME": "stale"},
+    )
+    assert "GANTRY_RESUME" not in first
+    assert first["CUDA_VISIBLE_DEVICES"] == "2,3" and first["GANTRY_GPU_MILLI"] == "2000"
+    assert 20000 <= master_port("j-1") < 30000
+
+
+def test_worker_command_from_the_spec() -> None:
+    module = {"entrypoint": {"module": "train", "args": ["--epochs", 3]}}
+    assert worker_command(module) == [sys.executable, "-m", "train", "--epochs", "3"]
+    command = {"entrypoint": {"command": "python train.py", "args": ["-v"]}}
+    assert worker_command(command) == ["python", "train.py", "-v"]
+    with pytest.raises(Exception, match="exactly one of module or command"):
+        worker_command({"entrypoint": {"module": "a", "command": ["b"]}})
+    with pytest.raises(Exception, match="no entrypoint"):
+        worker_command({})
+
+
+# -- only the scheduler is obeyed, and only once ---------------------------------------------
+
+
+async def test_placements_not_from_the_scheduler_are_refused(
+    env: Env, agent: NodeAgent, tmp_path: Path
+) -> None:
+    def touching(name: str) -> str:
+        return f"open({str(tmp_path / name)!r}, 'w').close()"
+
+    s = env.scheduler
+    unsigned = s.job(touching("unsigned"))
+    outsider = s.job(touching("outsider"))
+    other_service = s.job(touching("other-service"))
+    outside_source = s.job(touching("outside-source"))
+    await Publisher(s.bus).publish(s.envelope(JOB_SCHEDULED.type, unsigned))
+    await s.publish(s.envelope(JOB_SCHEDULED.type, outsider), env.keyring.account_key("mallory"))
+    await s.schedule(other_service, source="gantry/governance")  # a service, not the scheduler
+    await s.publish(s.envelope(JOB_SCHEDULED.type, outside_source, source="team/x"), "governance")
+    good = s.job(touching("good"))
+    await s.schedule(good)
+
+    await env.watch.report(good.job_id, "succeeded")
+    dead = await env.watch.until("gantry.deadletter.agent-n1", 4)
+    assert {d.data["job_id"] for d in dead} == {
+        unsigned.job_id,
+        outsider.job_id,
+        other_service.job_id,
+        outside_source.job_id,
+    }
+    reasons = [s.headers["Gantry-Dead-Reason"] for s in env.watch.seen if "deadletter" in s.subject]
+    assert any("not signed" in r for r in reasons)
+    assert sum("only the scheduler" in r for r in reasons) == 2
+    markers = await asyncio.to_thread(lambda: [p.name for p in tmp_path.iterdir() if p.is_file()])
+    assert markers == ["good"]
+    assert [r["job_id"] for r in (e.data for e in env.watch.of("gantry.job.workers"))] == [
+        good.job_id,
+        good.job_id,
+    ]
+
+
+async def test_a_redelivered_placement_does_not_start_workers_twice(
+    env: Env, agent: NodeAgent
+) -> None:
+    s = env.scheduler
+    job = s.job(TRAIN, workers=2)
+    event = await s.schedule(job)
+    await env.watch.report(job.job_id, "started")
+    await env.watch.until("gantry.log.job", 2, job_id=job.job_id)  # both wrote their start
+
+    async def sentinel() -> None:  # handled after everything published before it
+        marker = s.job(PRINT_RANK)
+        await s.schedule(marker)
+        await env.watch.report(marker.job_id, "succeeded")
+
+    payload, headers = Publisher(s.bus, signer=s.keyring.service_key("scheduler")).encode(event)
+    await s.bus.js.publish(event.type, payload, headers={**headers, "Nats-Msg-Id": new_id()})
+    await s.schedule(job)  # the same decision again, as a new event
+    await sentinel()
+    starts = env.checkpoint_dir(job) / "starts"
+    assert sorted(starts.read_text().split()) == ["0", "1"]
+    assert env.watch.statuses(job.job_id) == ["started"]
+
+    (env.checkpoint_dir(job) / "go").touch()
+    await env.watch.report(job.job_id, "succeeded")
+    await s.schedule(job)  # after it finished
+    await sentinel()
+    assert sorted(starts.read_text().split()) == ["0", "1"]
+    assert env.watch.statuses(job.job_id) == ["started", "succeeded"]
+
+
+async def test_reregisters_after_nats_restarts(
+    env: Env, agent: NodeAgent, nats_server: NatsServer
+) -> None:
+    await env.watch.until("gantry.node.registered")
+    await asyncio.to_thread(nats_server.restart)
+    async with asyncio.timeout(15):  # counted in the stream: the watch may miss it reconnecting
+        while (await env.scheduler.bus.js.stream_info("NODES")).state.messages < 2:
+            await asyncio.sleep(0.1)
+    seq = agent.heartbeats
+    async with asyncio.timeout(5):
+        while agent.heartbeats < seq + 2:
+            await asyncio.sleep(0.05)
+
+
+# -- the agent as its own process ------------------------------------------------------------
+
+
+def spawn(env: Env, node: str) -> subprocess.Popen[bytes]:
+    return spawn_agent_process(
+        env.nats_url, env.data_dir, node, heartbeat_s=HEARTBEAT_S, args=["--cpus", "4"]
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2] if sys.platform == "linux" else ""
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"  # a zombie is dead, only not reaped yet
+
+
+async def test_a_sigkilled_agent_stops_heartbeating_and_its_workers_die(env: Env) -> None:
+    proc = spawn(env, "n-kill")
+    try:
+        [registered] = await env.watch.until("gantry.node.registered", node="n-kill", wait_s=20)
+        assert registered.data["cpu_milli"] == 4000
+        await env.watch.until("gantry.metrics.node.heartbeat", 2, node="n-kill")
+        job = env.scheduler.job(TRAIN, node="n-kill")
+        await env.scheduler.schedule(job)
+        await env.watch.report(job.job_id, "started")
+        await env.watch.until("gantry.log.job", job_id=job.job_id)
+        pid = int((env.checkpoint_dir(job) / "pid-0").read_text())
+    finally:
+        proc.kill()
+        proc.wait()
+    killed_at = time.monotonic()
+    await asyncio.sleep(3 * HEARTBEAT_S + 0.1)
+    late = [
+        s
+        for s in env.watch.seen
+        if s.subject == "gantry.metrics.node.heartbeat" and s.at > killed_at + 0.05
+    ]
+    assert late == []
+    async with asyncio.timeout(5):
+        while alive(pid):
+            await asyncio.sleep(0.05)
+
+
+async def test_a_sigtermed_agent_stops_its_workers_and_exits_cleanly(env: Env) -> None:
+    proc = spawn(env, "n-term")
+    try:
+        await env.watch.until("gantry.node.registered", node="n-term", wait_s=20)
+        job = env.scheduler.job(TRAIN, node="n-term")
+        await env.scheduler.schedule(job)
+        await env.watch.report(job.job_id, "started")
+        await env.watch.until("gantry.log.job", job_id=job.job_id)
+        proc.send_signal(signal.SIGTERM)
+        stopped = await env.watch.report(job.job_id, "stopped")
+        assert stopped["message"] == "shutdown"
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert env.watch.statuses(job.job_id) == ["started", "checkpointed", "stopped"]

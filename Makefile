@@ -40,6 +40,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/sched_packing.py --quick
 	$(PY) bench/sched_throughput.py --quick
 	$(PY) bench/sched_jct.py --quick
+	$(PY) bench/sched_latency.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -47,6 +48,7 @@ bench: $(STAMP)
 	$(PY) bench/sched_packing.py
 	$(PY) bench/sched_throughput.py
 	$(PY) bench/sched_jct.py
+	$(PY) bench/sched_latency.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

@@ -25,7 +25,8 @@ def connect_database(url: str, *, example: str = "service.db") -> sa.Engine:
     ``example`` names the file in the hint shown when the URL is malformed.
     """
     try:
-        engine = sa.create_engine(url, pool_pre_ping=True)
+        # pre-ping guards against server-side disconnects; a SQLite file has none to guard
+        engine = sa.create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
     except (sa.exc.ArgumentError, ImportError) as exc:
         raise ConfigError(
             f"bad database URL {url!r}: {exc}",

@@ -76,6 +76,8 @@ ACTIVE = ("pending", "scheduled", "running", "stopping")
 STOP_SLACK_S = 30.0
 _OUTBOX = Outbox(store.outbox)
 _LOG_INBOX = Inbox(store.inbox, "scheduler-logs")
+#: One compiled statement for every job update (parameters bound per call).
+_UPDATE_JOB = store.jobs.update().where(store.jobs.c.id == sa.bindparam("b_id"))
 _log = get_logger("gantry.scheduler.control")
 #: A typical mix used as the fragmentation target until real jobs have been seen.
 _DEFAULT_WORKLOAD = (
@@ -512,7 +514,7 @@ class Control:
         if dry_run:
             return job, False
         with self.db.begin() as conn:
-            conn.execute(store.jobs.insert().values(**job.values()))
+            conn.execute(store.jobs.insert(), job.values())
             self._history(conn, job, "")
             self._emit(
                 conn,
@@ -1254,8 +1256,8 @@ class Control:
 
     def _write(self, conn: sa.Connection, job: JobRow) -> None:
         values = job.values()
-        del values["id"]
-        conn.execute(store.jobs.update().where(store.jobs.c.id == job.id).values(**values))
+        values["b_id"] = values.pop("id")
+        conn.execute(_UPDATE_JOB, values)
 
     def _save(
         self,
@@ -1278,13 +1280,14 @@ class Control:
     def _history(self, conn: sa.Connection, job: JobRow, previous: str) -> None:
         del previous
         conn.execute(
-            store.job_history.insert().values(
-                job_id=job.id,
-                at_ms=_now_ms(),
-                state=job.state,
-                reason=job.reason,
-                attempt=job.attempt,
-            )
+            store.job_history.insert(),
+            {
+                "job_id": job.id,
+                "at_ms": _now_ms(),
+                "state": job.state,
+                "reason": job.reason,
+                "attempt": job.attempt,
+            },
         )
 
     def _emit_state(

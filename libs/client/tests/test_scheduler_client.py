@@ -377,8 +377,8 @@ def test_arguments_are_checked_before_sending(client: SchedulerClient) -> None:
         client.list(limit=-1)
     with pytest.raises(InvalidInput, match="tail must be 0 or more"):
         client.logs("job-1", tail=-5)
-    with pytest.raises(InvalidInput, match="gpus must be 0 or more, not -1"):
-        client.set_quota("q", gpus=-1, cpus=1, memory_mib=1)
+    with pytest.raises(InvalidInput, match="weight must be 0 or more, not -1"):
+        client.set_quota("q", gpus=1, cpus=1, memory_mib=1, weight=-1)
     with pytest.raises(InvalidInput, match="cannot group usage by 'team'"):
         client.usage("team")
 

@@ -222,8 +222,7 @@ class NodeInfo:
 class Resources:
     """An amount of GPUs, CPUs (both may be fractional) and memory in MiB.
 
-    In a borrowing limit, a field left at 0 means no limit on that resource (the protocol's
-    "absent fields = unlimited").
+    In quotas and borrowing limits a negative field means unlimited (the protocol's rule).
     """
 
     gpus: float = 0.0
@@ -262,6 +261,8 @@ class QueueInfo:
     def from_pb(cls, m: pb.Queue) -> QueueInfo:
         """From the protocol message."""
         limit = Resources.from_pb(m.borrowing_limit) if m.HasField("borrowing_limit") else None
+        if limit is not None and max(limit.gpus, limit.cpus, limit.memory_mib) < 0:
+            limit = None  # unlimited in every resource
         return cls(
             name=m.name,
             cohort=m.cohort,

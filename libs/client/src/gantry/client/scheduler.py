@@ -212,18 +212,11 @@ class SchedulerClient:
 
         Every value given is sent as is: ``cohort`` "" puts the queue in no cohort. ``weight``
         0 keeps the current weight (1 for a new queue). ``borrowing_limit`` caps what the
-        queue may borrow from its cohort; in it a 0 field means no limit on that resource.
+        queue may borrow from its cohort. A negative amount (quota or limit) means unlimited.
         """
         _needed(queue, "a queue name")
-        amounts = {"gpus": gpus, "cpus": cpus, "memory_mib": memory_mib, "weight": weight}
-        for name, value in amounts.items():
-            if value < 0:
-                raise InvalidInput(f"{name} must be 0 or more, not {value:g}")
-        if (
-            borrowing_limit is not None
-            and min(borrowing_limit.gpus, borrowing_limit.cpus, borrowing_limit.memory_mib) < 0
-        ):
-            raise InvalidInput(f"a borrowing limit cannot be negative: {borrowing_limit}")
+        if weight < 0:
+            raise InvalidInput(f"weight must be 0 or more, not {weight:g}")
         request = pb.SetQuotaRequest(
             queue=queue,
             cohort=cohort,

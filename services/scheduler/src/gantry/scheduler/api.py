@@ -380,13 +380,6 @@ class SchedulerApi(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         principal = current_principal()
         if not request.queue:
             raise InvalidInput("name the queue", hint="gantry queues set-quota QUEUE --gpus N")
-        for label, value in (
-            ("gpus", request.quota.gpus),
-            ("cpus", request.quota.cpus),
-            ("memory", request.quota.memory_mib),
-        ):
-            if value < 0:
-                raise InvalidInput(f"quota {label} must not be negative (got {value:g})")
         existing = self.c.control.queues.queues.get(request.queue)
         weight = request.weight or (existing.weight if existing else 1.0)
         limit = (
@@ -396,7 +389,7 @@ class SchedulerApi(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         )
         config = QueueConfig(
             request.queue,
-            _amount(request.quota, 0),
+            _amount(request.quota, UNLIMITED),
             request.cohort or (existing.cohort if existing else ""),
             limit,
             weight,

@@ -432,9 +432,10 @@ def queues_list(
             escape(q.name),
             escape(q.cohort),
             f"{q.weight:g}",
-            f"{q.used.gpus:g}/{q.quota.gpus:g}",
-            f"{q.used.cpus:g}/{q.quota.cpus:g}",
-            f"{_mib(q.used.memory_mib)}/{_mib(q.quota.memory_mib)}",
+            f"{q.used.gpus:g}/{_num(q.quota.gpus)}",
+            f"{q.used.cpus:g}/{_num(q.quota.cpus)}",
+            f"{_mib(q.used.memory_mib)}/"
+            + ("∞" if q.quota.memory_mib < 0 else _mib(q.quota.memory_mib)),
             _limit(q.borrowing_limit),
             str(q.pending),
             str(q.running),
@@ -480,7 +481,8 @@ def queues_set_quota(
         if borrowing_limit_gpus is not None:
             from gantry.client.scheduler import Resources
 
-            limit = dataclasses.replace(limit or Resources(), gpus=borrowing_limit_gpus)
+            unlimited = Resources(gpus=-1, cpus=-1, memory_mib=-1)
+            limit = dataclasses.replace(limit or unlimited, gpus=borrowing_limit_gpus)
         updated = client.set_quota(
             queue,
             gpus=gpus,
@@ -507,7 +509,8 @@ def _parse_memory(text: str) -> int:
 
 
 def _print_queue(state: State, q: QueueInfo, *, created: bool) -> None:
-    quota = f"{q.quota.gpus:g} GPUs, {q.quota.cpus:g} CPUs, {_mib(q.quota.memory_mib)} memory"
+    memory = "∞" if q.quota.memory_mib < 0 else _mib(q.quota.memory_mib)
+    quota = f"{_num(q.quota.gpus)} GPUs, {_num(q.quota.cpus)} CPUs, {memory} memory"
     parts = [f"{'created' if created else 'updated'} queue {q.name}: quota {quota}"]
     if q.cohort:
         parts.append(f"cohort {q.cohort}")
@@ -517,13 +520,18 @@ def _print_queue(state: State, q: QueueInfo, *, created: bool) -> None:
     state.out.print("; ".join(parts), markup=False)
 
 
+def _num(value: float) -> str:
+    """A quota amount; negative means unlimited."""
+    return "∞" if value < 0 else f"{value:g}"
+
+
 def _limit(limit: Resources | None) -> str:
     if limit is None:
         return "none"
     parts = [
-        f"{limit.gpus:g} GPUs" if limit.gpus else "",
-        f"{limit.cpus:g} CPUs" if limit.cpus else "",
-        _mib(limit.memory_mib) if limit.memory_mib else "",
+        f"{limit.gpus:g} GPUs" if limit.gpus >= 0 else "",
+        f"{limit.cpus:g} CPUs" if limit.cpus >= 0 else "",
+        _mib(limit.memory_mib) if limit.memory_mib >= 0 else "",
     ]
     return ", ".join(p for p in parts if p) or "none"
 

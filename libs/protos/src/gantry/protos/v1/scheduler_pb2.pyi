@@ -564,7 +564,10 @@ Global___ListNodesResponse: _TypeAlias = ListNodesResponse  # noqa: Y015
 
 @_typing.final
 class Resources(_message.Message):
-    """---------------------------------------------------------------- queues"""
+    """---------------------------------------------------------------- queues
+
+    An amount of resources; in quotas and borrowing limits a negative field means unlimited.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -614,7 +617,7 @@ class Queue(_message.Message):
     def used(self) -> Global___Resources: ...
     @_builtins.property
     def borrowing_limit(self) -> Global___Resources:
-        """absent fields = unlimited"""
+        """negative fields = unlimited"""
 
     def __init__(
         self,

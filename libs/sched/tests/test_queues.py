@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gantry.core import InvalidInput, NotFound
-from gantry.sched.queues import Amount, QueueBook, load_queues
+from gantry.sched.queues import UNLIMITED, Amount, QueueBook, load_queues
 
 QUEUES = """
 queues:
@@ -76,3 +76,13 @@ def test_bad_queue_files_and_names() -> None:
     b.charge("prod", "x", gpus(1))
     with pytest.raises(InvalidInput, match="already charged"):
         b.charge("prod", "x", gpus(1))
+
+
+def test_a_resource_a_quota_does_not_name_is_not_limited_and_names_are_checked() -> None:
+    (q,) = load_queues("queues: [{name: gpu-only, quota: {gpus: 2}}]")
+    assert q.quota.gpu_milli == 2000 and q.quota.cpu_milli == UNLIMITED
+    book = QueueBook([q], Amount(8000, 64_000, 1 << 20))
+    assert book.check("gpu-only", Amount(2000, 32_000, 1 << 18)).allowed
+    assert not book.check("gpu-only", Amount(3000, 1000, 1)).allowed
+    with pytest.raises(InvalidInput, match=r"queues\[0\].name"):
+        load_queues("queues: [{name: Research}]")

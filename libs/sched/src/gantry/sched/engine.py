@@ -356,9 +356,14 @@ class Engine:
         job.reason = "requeued; resumes from its last checkpoint"
         return job
 
-    def release_workers(self, job_id: str, ranks: Iterable[int]) -> None:
-        """Some of a running job's workers stopped (a shrink): give their resources back."""
+    def release_workers(self, job_id: str, ranks: Iterable[int], now: float | None = None) -> None:
+        """Some of a running job's workers stopped (a shrink): give their resources back.
+
+        A shrink done for another job counts as a preemption at ``now`` (no thrashing).
+        """
         job = self._job(job_id)
+        if job.stopping_for and now is not None:
+            job.preempted_at = now
         for rank in ranks:
             if 0 <= rank < len(job.placed) and job.placed[rank] is not None:
                 slot = job.placed[rank]
@@ -646,7 +651,7 @@ class Engine:
             if v.elastic and len(live) > v.minimum:
                 units.append((0, lost, v.seq, v, tuple(live[v.minimum :])))
             units.append((1, lost, v.seq, v, ()))
-        units.sort(key=lambda u: (u[0], u[1], -u[3].priority, u[2]))
+        units.sort(key=lambda u: (u[0], u[1], u[3].priority, u[2]))  # lowest priority first
         chosen: list[tuple[EngineJob, tuple[int, ...]]] = []
         for unit in units:
             victim, ranks = unit[3], unit[4]

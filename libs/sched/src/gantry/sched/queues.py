@@ -95,7 +95,7 @@ class _Quota(BaseModel):
 class _QueueDoc(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: str
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     cohort: str = ""
     quota: _Quota = Field(default_factory=_Quota)
     borrowing_limit: _Quota | None = Field(default=None, alias="borrowingLimit")
@@ -129,14 +129,17 @@ class _Usage:
 
 
 def load_queues(text: str) -> list[QueueConfig]:
-    """Queues from the YAML format in the module docstring (missing quotas mean zero)."""
+    """Queues from the YAML format in the module docstring.
+
+    A resource a quota does not name is not limited (``quota: {gpus: 16}`` caps GPUs only).
+    """
     try:
         doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise InvalidInput(f"the queues file is not valid YAML: {exc}") from None
     items = doc.get("queues") if isinstance(doc, dict) else None
     if not isinstance(items, list):
-        raise InvalidInput("a queues file needs a 'queues:' list", hint="see docs/jobs.md")
+        raise InvalidInput("a queues file needs a 'queues:' list", hint="see docs/queues.md")
     out = []
     for i, item in enumerate(items):
         try:
@@ -151,7 +154,7 @@ def load_queues(text: str) -> list[QueueConfig]:
         out.append(
             QueueConfig(
                 q.name,
-                q.quota.amount(0),
+                q.quota.amount(UNLIMITED),
                 q.cohort,
                 limit or Amount(UNLIMITED, UNLIMITED, UNLIMITED),
                 q.weight,

@@ -235,7 +235,7 @@ class Simulator:
         r = self.runs[int(stop.job)]
         r.remaining -= (now - r.since) * r.rate
         if stop.reason == "shrink":
-            self.engine.release_workers(stop.job, stop.workers)
+            self.engine.release_workers(stop.job, stop.workers, now)
             r.rate = r.engine_job.running_workers / r.engine_job.replicas
             self._reschedule(r, now, events)
             return

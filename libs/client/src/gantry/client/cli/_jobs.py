@@ -472,7 +472,8 @@ def queues_set_quota(
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Set a queue's quota. Options left out keep the queue's current value (0 when new)."""
+    """Set a queue's quota. Options left out keep the queue's current value (a new queue:
+    CPUs and memory not limited)."""
     memory_mib = _parse_memory(memory) if memory is not None else None
     settings = command_settings(ctx, data_dir, token)
     with scheduler_client(settings) as client:
@@ -486,11 +487,11 @@ def queues_set_quota(
         updated = client.set_quota(
             queue,
             gpus=gpus,
-            cpus=cpus if cpus is not None else (current.quota.cpus if current else 0),
+            cpus=cpus if cpus is not None else (current.quota.cpus if current else -1),
             memory_mib=(
                 memory_mib
                 if memory_mib is not None
-                else (current.quota.memory_mib if current else 0)
+                else (current.quota.memory_mib if current else -1)
             ),
             cohort=cohort if cohort is not None else (current.cohort if current else ""),
             weight=weight,

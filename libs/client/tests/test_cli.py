@@ -353,6 +353,12 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "Access to dataset/customers" in out
     assert "ml-developer's raw read was refused" in out and "refused, " in out
     assert "5,000 rows" in out and "encrypted shards" in out
+    # the scheduling story: trusted pool, idempotent submit, preemption, usage, logs
+    assert "train-churn ran on onprem-1 (pool onprem): it reads customers" in out
+    assert "one job, j-" in out
+    assert "eval-high preempted sweep-low" in out and "resumed at step" in out
+    assert "usage by user" in out and "rita-researcher" in out
+    assert "w1| rank 1 of 2 on onprem-1" in out and "w0| step 6/6 loss" in out
 
 
 def test_verify_reports_a_tampered_log(tmp_path: Path, gantry: Gantry) -> None:

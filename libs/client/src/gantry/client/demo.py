@@ -1,15 +1,20 @@
-"""``python -m gantry.client.demo`` (``make demo``): governed data and its audit trail, end to end.
+"""``python -m gantry.client.demo`` (``make demo``): governed data, its audit trail and the
+training jobs that use it, end to end.
 
-Starts the embedded platform (NATS, audit, governance) in a fresh temporary data directory.
-A data steward registers the ``customers`` dataset with PII columns and uploads rows (sharded
-and encrypted at rest); an annotator reads them raw; an ml-developer reads the same version
-de-identified, and is refused when asking for it raw (:mod:`gantry.client.demo_data`). An
-outside service, ``feature-store``, reports 1,000 reads of its own as signed
-``gantry.data.accessed`` events through the SDK. Then, as an auditor: waits until the log holds
-everything, counts the events with a query, prints the access report for
-``dataset/customers`` (the refused raw read among them), waits for a signed checkpoint, has
-the server verify the whole log and checks one inclusion proof locally. Exits 0 when every
-step worked, 1 (with the failing step and the services' last log lines) otherwise.
+Starts the embedded platform (NATS, the audit, governance and scheduler services, and two
+local node agents) in a fresh temporary data directory. A data steward registers the
+``customers`` dataset with PII columns and uploads rows (sharded and encrypted at rest); an
+annotator reads them raw; an ml-developer reads the same version de-identified, and is refused
+when asking for it raw (:mod:`gantry.client.demo_data`). Then the scheduling story
+(:mod:`gantry.client.demo_jobs`): a 2-worker training job on that version runs only in the
+trusted pool, a retried submit returns the same job, and a high-priority job preempts a
+low-priority one, which resumes from its checkpoint; the job table, placements, GPU-hours by
+user and one job's logs are printed. An outside service, ``feature-store``, reports 1,000
+reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then, as an
+auditor: waits until the log holds everything, counts the events with a query, prints the
+access report for ``dataset/customers`` (the refused raw read among them), waits for a signed
+checkpoint, has the server verify the whole log and checks one inclusion proof locally. Exits 0
+when every step worked, 1 (with the failing step and the services' last log lines) otherwise.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from gantry.client.demo_data import (
     governance_story,
     samples_table,
 )
+from gantry.client.demo_jobs import AGENTS, SCHEDULER_ENV, JobsSummary, jobs_story
 from gantry.client.errors import RemoteNotFound
 from gantry.core import (
     CommonSettings,
@@ -73,6 +79,7 @@ class Summary:
 
     emitted: int = 0
     data: DataSummary | None = None
+    jobs: JobsSummary | None = None
     denied_in_report: int = 0
     in_log: int = 0
     report_rows: int = 0
@@ -174,11 +181,15 @@ def run(
     platform = Platform(
         data_dir,
         nats_port=nats_port,
-        service_env={"GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.5"},
+        agents=AGENTS,
+        service_env={"GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.5", **SCHEDULER_ENV},
         log_sink=log_sink,
     )
     try:
-        with steps.step("platform started (NATS, audit and governance services)"):
+        with steps.step(
+            f"platform started (NATS; audit, governance and scheduler services; "
+            f"{len(AGENTS)} node agents)"
+        ):
             platform.start(timeout_s=60)
         summary.data = governance_story(
             platform.address("governance"), data_dir, steps.step, console, rows=rows
@@ -188,6 +199,13 @@ def run(
             samples_table("ml-developer's de-identified view", summary.data.deidentified_sample)
         )
         console.print(f"[yellow]refused:[/] {escape(summary.data.denied)}")
+        summary.jobs = jobs_story(
+            platform.address("scheduler"),
+            data_dir,
+            steps.step,
+            console,
+            version=summary.data.version,
+        )
         with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
             _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
         with steps.step(f"{count:,} signed {EVENT_TYPE} events emitted"):
@@ -277,6 +295,8 @@ def _summary_table(summary: Summary) -> Table:
         table.add_row("version", d.version[:12])
         table.add_row("de-identified columns", ", ".join(d.deidentified_columns))
         table.add_row("raw read by ml-developer", f"refused, {summary.denied_in_report} in report")
+    if summary.jobs is not None:
+        _jobs_rows(table, summary.jobs)
     table.add_row("events emitted by feature-store (signed)", f"{summary.emitted:,}")
     table.add_row("events in the audit log", f"{summary.in_log:,}")
     table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")
@@ -288,6 +308,23 @@ def _summary_table(summary: Summary) -> Table:
     table.add_row("inclusion proof", f"OK (entry {summary.proof_index:,})")
     table.add_row("elapsed", f"{summary.elapsed_s:.1f}s")
     return table
+
+
+def _jobs_rows(table: Table, jobs: JobsSummary) -> None:
+    table.add_row("nodes (4 A100 declared on each)", "\n".join(jobs.nodes))
+    if jobs.train is not None:
+        nodes = ", ".join(sorted({p.node for p in jobs.train.placements}))
+        table.add_row(
+            f"{jobs.train.name} ({jobs.train.replicas} workers, {DATASET})",
+            f"{jobs.train.state} on {nodes} (trusted pool)",
+        )
+        table.add_row("submitted twice, same request id", f"one job, {jobs.duplicate_id}")
+    if jobs.low is not None and jobs.high is not None:
+        table.add_row(
+            f"{jobs.high.name} preempted {jobs.low.name}",
+            f"resumed at step {jobs.resumed_from_step}; both {jobs.low.state}",
+        )
+    table.add_row("GPU-hours by user", "\n".join(f"{r.key} {r.gpu_hours:.4f}" for r in jobs.usage))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,14 @@
-"""The embedded platform behind ``gantry up``: one nats-server and every service, supervised.
+"""The embedded platform behind ``gantry up``: one nats-server, every service and local node
+agents, supervised.
 
 :class:`Platform` starts a :class:`~gantry.supervisor.nats_server.NatsServer` under
-``<data_dir>/nats`` and then each service as a child process ``python -m gantry.<service>``
-(services are never imported here). Every child's stdout and stderr are merged into one log
-stream, each line prefixed with the service's name. A service is ready when it has written
-``<data_dir>/run/<service>.json`` with its own pid and its gRPC health check answers SERVING.
+``<data_dir>/nats``, then each service as a child process ``python -m gantry.<service>``
+(services are never imported here), then each :class:`LocalAgent` as a node agent process
+``python -m gantry.testing.agent`` named ``agent-<node>``. Every child's stdout and stderr are
+merged into one log stream, each line prefixed with the child's name. A service is ready when
+it has written ``<data_dir>/run/<service>.json`` with its own pid and its gRPC health check
+answers SERVING; a node agent is ready when it logs that it registered its node and is ready
+(it has no gRPC API: the scheduler learns of it over NATS).
 
 Files the platform keeps under ``<data_dir>/run/``:
 
@@ -20,7 +24,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,8 +44,117 @@ from gantry.security.bootstrap import init_data_dir
 from gantry.supervisor.nats_server import NatsServer, port_is_free
 
 DEFAULT_NATS_PORT = 4222
+#: The services ``gantry up`` runs, in start order.
+DEFAULT_SERVICES = ("audit", "governance", "scheduler")
+#: The node agent module local agents run (the test agent until the training agent exists).
+AGENT_MODULE = "gantry.testing.agent"
+#: What a node agent logs once its node is registered and it takes placements.
+AGENT_READY = "node agent ready"
 _TAIL_LINES = 40
 _POLL_S = 0.05
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalAgent:
+    """A node agent the platform runs on this machine, and the node it registers.
+
+    Each field left at None is detected by the agent from this machine: CPUs and memory
+    always, GPUs through torch's CUDA view. ``gpus`` declares that many identical GPUs of
+    ``gpu_model`` instead (for trying GPU jobs, or several nodes, on one machine); ``cpus``
+    and ``memory`` (a quantity such as ``16Gi``) likewise declare what the node offers.
+    ``heartbeat_s`` is the agent's heartbeat interval (None: the agent's default, 5 s).
+    """
+
+    node: str
+    pool: str = "default"
+    gpus: int | None = None
+    gpu_model: str = "A100"
+    gpu_memory: str = "80Gi"
+    cpus: float | None = None
+    memory: str | None = None
+    heartbeat_s: float | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for what, value in (("node", self.node), ("pool", self.pool)):
+            if not _NODE_NAME.fullmatch(value):
+                raise InvalidInput(
+                    f"invalid {what} name {value!r} for a local agent",
+                    hint="use 1-63 letters, digits, '.', '_' or '-', starting with a letter "
+                    "or digit",
+                )
+        if self.gpus is not None and self.gpus < 0:
+            raise InvalidInput(f"a local agent cannot declare {self.gpus} GPUs", hint="0 or more")
+        if self.cpus is not None and self.cpus <= 0:
+            raise InvalidInput(f"a local agent cannot declare {self.cpus:g} CPUs", hint="> 0")
+        if self.heartbeat_s is not None and self.heartbeat_s <= 0:
+            raise InvalidInput(f"heartbeat_s must be positive, not {self.heartbeat_s:g}")
+        for key in self.labels:
+            if not key or "=" in key:
+                raise InvalidInput(f"invalid label key {key!r} for node {self.node}")
+
+    @property
+    def name(self) -> str:
+        """The child's name in the platform (``agent-<node>``): it prefixes its log lines."""
+        return f"agent-{self.node}"
+
+    def argv(self) -> list[str]:
+        """The agent's command line (NATS and the data directory come from the environment)."""
+        argv = [sys.executable, "-m", AGENT_MODULE, "--node", self.node, "--pool", self.pool]
+        if self.gpus is not None:
+            argv += ["--gpus", str(self.gpus), "--gpu-model", self.gpu_model]
+            argv += ["--gpu-memory", self.gpu_memory]
+        if self.cpus is not None:
+            argv += ["--cpus", f"{self.cpus:g}"]
+        if self.memory is not None:
+            argv += ["--memory", self.memory]
+        if self.heartbeat_s is not None:
+            argv += ["--heartbeat", f"{self.heartbeat_s:g}"]
+        for key, value in sorted(self.labels.items()):
+            argv += ["--label", f"{key}={value}"]
+        return argv
+
+
+def local_agents(
+    count: int, *, gpus: int | None = None, gpu_model: str = "A100"
+) -> list[LocalAgent]:
+    """``count`` agents for this machine, as ``gantry up --agents`` runs them.
+
+    One agent is named after the host and offers the whole machine (GPUs detected unless
+    ``gpus`` declares them). Several are ``local-1`` .. ``local-<count>`` and split the
+    machine's CPUs and memory evenly between them; they declare ``gpus`` GPUs each, or none,
+    since each would otherwise claim the same devices.
+    """
+    if count < 0:
+        raise InvalidInput(f"cannot run {count} local agents", hint="0 or more")
+    if count == 1:
+        host = _host_node_name()
+        return [LocalAgent(node=host, gpus=gpus, gpu_model=gpu_model)]
+    cpus, memory_mib = _machine()
+    return [
+        LocalAgent(
+            node=f"local-{i}",
+            gpus=gpus if gpus is not None else 0,
+            gpu_model=gpu_model,
+            cpus=round(max(cpus / count, 0.001), 3),
+            memory=f"{max(memory_mib // count, 1)}Mi",
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def _host_node_name() -> str:
+    """This host's name as a node name (its first label, cleaned)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0]).strip("-._")
+    return host[:63] or "localhost"
+
+
+def _machine() -> tuple[int, int]:
+    """CPUs this process may use, and the machine's memory in MiB."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return cpus or 1, int(memory) >> 20
 
 
 def _print_line(line: str) -> None:
@@ -48,15 +163,17 @@ def _print_line(line: str) -> None:
 
 @dataclass
 class _Child:
-    """One supervised service process and what the platform knows about it."""
+    """One supervised process (a service or a node agent) and what the platform knows of it."""
 
     name: str
+    kind: Literal["service", "agent"]
     proc: subprocess.Popen[bytes]
     reader: threading.Thread | None = None
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=_TAIL_LINES)
     )
     info: dict[str, Any] = field(default_factory=dict)
+    announced: threading.Event = field(default_factory=threading.Event)  # agents: "ready"
 
     @property
     def alive(self) -> bool:
@@ -64,11 +181,14 @@ class _Child:
 
 
 class Platform:
-    """nats-server plus the Gantry services as supervised child processes.
+    """nats-server plus the Gantry services and local node agents as supervised children.
 
     ``nats_port`` is the preferred NATS port (0 = any free port); when something already
     listens there the platform says so through ``log_sink`` and takes a free port instead — it
-    never joins another server. ``service_env`` is added to every child's environment (e.g.
+    never joins another server. ``services`` start in order, then every one of ``agents``
+    (none by default; ``gantry up`` runs one); an agent is a child named ``agent-<node>``
+    (:attr:`LocalAgent.name`), and every method taking a service name takes it too.
+    ``service_env`` is added to every child's environment (e.g.
     ``GANTRY_AUDIT__CHECKPOINT_EVERY_S``). ``log_sink`` receives every log line (default: print
     to stdout); it is called from reader threads, one line at a time. ``initializer`` creates
     the key directory and the first admin token when ``<data_dir>/keys/issuer.pem`` is missing
@@ -82,7 +202,8 @@ class Platform:
         data_dir: Path,
         *,
         nats_port: int = DEFAULT_NATS_PORT,
-        services: Sequence[str] = ("audit", "governance"),
+        services: Sequence[str] = DEFAULT_SERVICES,
+        agents: Sequence[LocalAgent] = (),
         service_env: Mapping[str, str] | None = None,
         log_sink: Callable[[str], None] | None = None,
         initializer: Callable[[Path], object] | None = None,
@@ -97,9 +218,13 @@ class Platform:
                 )
         if len(set(services)) != len(services):
             raise InvalidInput(f"a service is listed twice in {list(services)}")
+        nodes = [a.node for a in agents]
+        if len(set(nodes)) != len(nodes):
+            raise InvalidInput(f"a node is listed twice in {nodes}", hint="name each agent's node")
         self.data_dir = Path(data_dir).absolute()
         self.preferred_nats_port = nats_port
         self.services: tuple[str, ...] = tuple(services)
+        self.agents: tuple[LocalAgent, ...] = tuple(agents)
         self.service_env: dict[str, str] = dict(service_env or {})
         self._sink = log_sink if log_sink is not None else _print_line
         self._sink_lock = threading.Lock()
@@ -133,22 +258,29 @@ class Platform:
 
     def address(self, name: str) -> str:
         """``host:port`` of service ``name``'s gRPC API."""
-        return str(self.service_info(name)["grpc"])
+        info = self.service_info(name)
+        if "grpc" not in info:
+            raise InvalidInput(f"{name} has no gRPC API", hint="ask a service, e.g. 'scheduler'")
+        return str(info["grpc"])
 
     def service_info(self, name: str) -> dict[str, Any]:
-        """What service ``name`` wrote into its run file (pid, gRPC address, metrics URL)."""
+        """What service ``name`` wrote into its run file (pid, gRPC address, metrics URL); for
+        a node agent: its pid, node and pool."""
         child = self._child(name)
         if not child.info:
-            raise Unavailable(f"service {name!r} is not ready", hint="start the platform first")
+            raise Unavailable(
+                f"{child.kind} {name!r} is not ready", hint="start the platform first"
+            )
         return dict(child.info)
 
     def pid(self, name: str) -> int | None:
-        """The process id of service ``name`` while it runs, else None."""
+        """The process id of service or agent ``name`` while it runs, else None."""
         child = self._child(name)
         return child.proc.pid if child.alive else None
 
     def pids(self) -> dict[str, int]:
-        """Process ids of every running child, NATS included (as ``"nats"``)."""
+        """Process ids of every running child (agents as ``agent-<node>``), NATS included (as
+        ``"nats"``)."""
         out = {name: c.proc.pid for name, c in self._children.items() if c.alive}
         if self._nats is not None and self._nats.pid is not None and self._nats.running:
             out["nats"] = self._nats.pid
@@ -157,10 +289,10 @@ class Platform:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, timeout_s: float = 60.0) -> Platform:
-        """Start NATS and every service; return when all are healthy.
+        """Start NATS, every service, then every agent; return when all are ready.
 
-        Raises :class:`Unavailable` (with the child's last log lines) when a service exits
-        during start-up or is not healthy within ``timeout_s``; everything started so far is
+        Raises :class:`Unavailable` (with the child's last log lines) when a child exits
+        during start-up or is not ready within ``timeout_s``; everything started so far is
         stopped again first. Raises :class:`Conflict` if another platform uses ``data_dir``.
         """
         if self._nats is not None:
@@ -175,13 +307,18 @@ class Platform:
             for name in self.services:
                 self._spawn(name)
                 self._wait_ready(name, deadline)
+            for agent in self.agents:  # independent of each other: start them together
+                self._spawn(agent.name)
+            for agent in self.agents:
+                self._wait_ready(agent.name, deadline)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """Stop every service (SIGTERM, SIGKILL after ``timeout_s``), then NATS. Idempotent."""
+        """Stop every agent, then every service, in reverse start order (SIGTERM, SIGKILL
+        after ``timeout_s``), then NATS. Idempotent."""
         self._stopping.set()
         self._nats_revived = 0
         children = list(reversed(self._children.values()))
@@ -200,7 +337,7 @@ class Platform:
         self._release_lock()
 
     def kill_service(self, name: str) -> None:
-        """SIGKILL service ``name`` (crash simulation for tests) and wait for it to go."""
+        """SIGKILL service or agent ``name`` (crash simulation for tests); wait for it to go."""
         child = self._child(name)
         if child.alive:
             with contextlib.suppress(ProcessLookupError):
@@ -209,7 +346,8 @@ class Platform:
         child.info = {}
 
     def restart_service(self, name: str, timeout_s: float = 60.0) -> None:
-        """Stop service ``name`` gracefully (if it runs) and start it again; wait until ready."""
+        """Stop service or agent ``name`` gracefully (if it runs) and start it again; wait
+        until it is ready."""
         child = self._child(name)
         if child.alive:
             with contextlib.suppress(ProcessLookupError):
@@ -222,8 +360,8 @@ class Platform:
     def wait(self) -> str | None:
         """Block until a child dies or :meth:`stop` is called.
 
-        Returns the name of the process that died (``"nats"`` for the server), or None when
-        the platform was stopped (or never started).
+        Returns the name of the process that died (``"nats"`` for the server, ``agent-<node>``
+        for an agent), or None when the platform was stopped (or never started).
         """
         while self._nats is not None and not self._stopping.is_set():
             for name, child in self._children.items():
@@ -235,11 +373,11 @@ class Platform:
         return None
 
     def exit_code(self, name: str) -> int | None:
-        """The exit status of service ``name`` if it has exited (negative: killed by signal)."""
+        """The exit status of child ``name`` if it has exited (negative: killed by signal)."""
         return self._child(name).proc.poll()
 
     def last_log_lines(self, name: str) -> list[str]:
-        """The last few log lines of service ``name``."""
+        """The last few log lines of service or agent ``name``."""
         return list(self._child(name).tail)
 
     def __enter__(self) -> Platform:
@@ -257,10 +395,14 @@ class Platform:
     def _child(self, name: str) -> _Child:
         child = self._children.get(name)
         if child is None:
+            names = [*self.services, *(a.name for a in self.agents)]
             raise NotFound(
-                "service", name, hint=f"this platform runs: {', '.join(self.services) or 'none'}"
+                "service", name, hint=f"this platform runs: {', '.join(names) or 'none'}"
             )
         return child
+
+    def _agent(self, name: str) -> LocalAgent | None:
+        return next((a for a in self.agents if a.name == name), None)
 
     def _acquire_lock(self) -> None:
         if self._lock_file is not None:
@@ -306,24 +448,28 @@ class Platform:
         self._log(f"gantry | nats-server listening on {self._nats.url}")
 
     def _env(self, name: str) -> dict[str, str]:
-        prefix = f"GANTRY_{name.upper()}__"
+        """A child's environment: where NATS and the data are, JSON logs; services also get
+        free ports (their run files say which)."""
         env = dict(os.environ)
         env.update(
             {
                 "GANTRY_DATA_DIR": str(self.data_dir),
                 "GANTRY_NATS__URL": self.nats_url,
                 "GANTRY_LOG_JSON": "true",
-                f"{prefix}GRPC_PORT": "0",
-                f"{prefix}METRICS_PORT": "0",
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self._agent(name) is None:
+            prefix = f"GANTRY_{name.upper()}__"
+            env.update({f"{prefix}GRPC_PORT": "0", f"{prefix}METRICS_PORT": "0"})
         env.update(self.service_env)
         return env
 
     def _spawn(self, name: str) -> _Child:
+        agent = self._agent(name)
+        argv = agent.argv() if agent is not None else [sys.executable, "-m", f"gantry.{name}"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"gantry.{name}"],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -331,7 +477,7 @@ class Platform:
             cwd=self.data_dir,
             start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops children
         )
-        child = _Child(name, proc)
+        child = _Child(name, "agent" if agent is not None else "service", proc)
         self._children[name] = child
         child.reader = threading.Thread(
             target=self._pump, args=(child,), name=f"gantry-log-{name}", daemon=True
@@ -347,32 +493,45 @@ class Platform:
             for raw in stream:
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 child.tail.append(line)
+                if child.kind == "agent" and AGENT_READY in line:
+                    child.announced.set()
                 self._log(f"{child.name} | {line}")
 
     def _wait_ready(self, name: str, deadline: float) -> None:
         child = self._child(name)
         run_file = self.run_dir / f"{name}.json"
+        agent = self._agent(name)
         while True:
             if not child.alive:
                 if child.reader is not None:
                     child.reader.join(2)
                 raise Unavailable(
-                    f"service {name} exited with code {child.proc.returncode} while starting"
-                    + _tail_text(child),
+                    f"{child.kind} {name} exited with code {child.proc.returncode} while "
+                    "starting" + _tail_text(child),
                     hint="fix the problem its log shows, then run 'gantry up' again",
                 )
-            info = _read_json(run_file)
-            address = info.get("grpc")
-            if info.get("pid") == child.proc.pid and isinstance(address, str) and _serving(address):
-                child.info = info
-                self._log(f"gantry | {name} is ready: gRPC {address}")
-                return
+            if agent is not None:
+                if child.announced.is_set():
+                    child.info = {"pid": child.proc.pid, "node": agent.node, "pool": agent.pool}
+                    self._log(f"gantry | {name} is ready: node {agent.node} in pool {agent.pool}")
+                    return
+            else:
+                info = _read_json(run_file)
+                address = info.get("grpc")
+                if (
+                    info.get("pid") == child.proc.pid
+                    and isinstance(address, str)
+                    and _serving(address)
+                ):
+                    child.info = info
+                    self._log(f"gantry | {name} is ready: gRPC {address}")
+                    return
             if time.monotonic() >= deadline:
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.kill()
                 self._reap(child, time.monotonic() + 5)
                 raise Unavailable(
-                    f"service {name} did not become healthy in time" + _tail_text(child),
+                    f"{child.kind} {name} did not become ready in time" + _tail_text(child),
                     hint="see its log lines above; a slow machine may need a longer timeout",
                 )
             time.sleep(_POLL_S)
@@ -396,6 +555,8 @@ class Platform:
             child.proc.wait()
         if child.reader is not None:
             child.reader.join(5)
+        if child.kind != "service":  # only services write run files
+            return
         run_file = self.run_dir / f"{child.name}.json"
         if _read_json(run_file).get("pid") == child.proc.pid:  # killed: it could not clean up
             run_file.unlink(missing_ok=True)
@@ -444,4 +605,11 @@ def _tail_text(child: _Child) -> str:
     return "; its last log lines:\n  " + "\n  ".join(lines)
 
 
-__all__ = ["DEFAULT_NATS_PORT", "Platform"]
+__all__ = [
+    "AGENT_MODULE",
+    "DEFAULT_NATS_PORT",
+    "DEFAULT_SERVICES",
+    "LocalAgent",
+    "Platform",
+    "local_agents",
+]

@@ -2,7 +2,10 @@
 
 Runs :func:`gantry.sched.simulate` once per ordering on the same cluster and jobs, prints the
 figures (average and p50/p95/p99 job completion time and queueing delay, makespan, mean GPU
-allocation) and writes two plots: the JCT distribution and GPU allocation over time.
+allocation, preemptions) and writes two plots: the JCT distribution and GPU allocation over
+time. With ``--queues`` the jobs queue by the trace's ``queue`` column under the file's quotas,
+cohorts and borrowing limits, exactly as in the scheduler service (reclaiming lent quota
+preempts borrowers); without it every job is in one unlimited queue.
 """
 
 from __future__ import annotations
@@ -95,9 +98,18 @@ def sim(
     out: Annotated[Path, typer.Option("--out", help="Where plots and results go.")] = Path(
         "sim-out"
     ),
+    queues: Annotated[
+        Path | None,
+        typer.Option(
+            "--queues",
+            help="Queues YAML (quotas, cohorts, borrowing limits, weights; docs/queues.md); "
+            "jobs go to the queue their trace's queue column names.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Replay a job trace through the scheduling policies and compare them (with plots)."""
-    from gantry.sched import ORDERINGS, Simulator, jobs_from_alibaba, load_jobs_csv
+    from gantry.sched import ORDERINGS, Simulator, jobs_from_alibaba, load_jobs_csv, load_queues
     from gantry.sched import load_nodes_csv as load_nodes
     from gantry.sched.simulate import workers_of
 
@@ -117,11 +129,25 @@ def sim(
     trace = load_jobs_csv(jobs) if jobs is not None else jobs_from_alibaba(alibaba)  # type: ignore[arg-type]
     if time_scale != 1.0:
         trace = [dataclasses.replace(j, submit_time=j.submit_time / time_scale) for j in trace]
+    queue_configs = load_queues(_read_text(queues, "queues file")) if queues else None
+    if queue_configs is not None:
+        unknown_queues = sorted({j.queue for j in trace} - {q.name for q in queue_configs})
+        if unknown_queues:
+            raise InvalidInput(
+                f"{queues} does not define the trace's queues {', '.join(unknown_queues)}",
+                hint=f"add them to {queues}, or change the trace's queue column",
+            )
     node_gpus = max(int(cluster.gpu_count.max()), 1)
     workload = [w for j in trace for w in workers_of(j, node_gpus)]
     results = []
     for ordering in orderings:
-        simulator = Simulator(cluster, trace, _placement(placement, workload), ordering)  # type: ignore[arg-type]
+        simulator = Simulator(
+            cluster,
+            trace,
+            _placement(placement, workload),
+            ordering,  # type: ignore[arg-type]
+            queues=queue_configs,
+        )
         progress = Progress(
             TextColumn(f"simulating {ordering}"),
             BarColumn(),
@@ -134,21 +160,34 @@ def sim(
             task = progress.add_task(ordering, total=len(trace))
             simulator.progress = lambda n, t=task, p=progress: p.update(t, completed=n)
             results.append(simulator.run())
+    where = f"{len(queue_configs)} queues" if queue_configs else "one queue"
     table = Table(
-        title=f"{len(trace):,} jobs on {cluster.num_nodes:,} nodes ({placement} placement)"
+        title=f"{len(trace):,} jobs on {cluster.num_nodes:,} nodes in {where} "
+        f"({placement} placement)"
     )
     summaries = {r.ordering: r.summary() for r in results}
     keys = ["avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queueing_s",
-            "p99_queueing_s", "makespan_s", "mean_gpu_alloc", "unplaceable"]  # fmt: skip
+            "p99_queueing_s", "makespan_s", "mean_gpu_alloc", "unplaceable",
+            "preemptions"]  # fmt: skip
     table.add_column("figure")
     for ordering in summaries:
         table.add_column(ordering, justify="right")
     for key in keys:
-        table.add_row(key, *(f"{summaries[o][key]:,.2f}" for o in summaries))
+        spec = ",.0f" if key in ("unplaceable", "preemptions") else ",.2f"
+        table.add_row(key, *(format(summaries[o][key], spec) for o in summaries))
     state.out.print(table)
     paths = _plots(results, out)
     (out / "results.json").write_text(json.dumps(summaries, indent=2, sort_keys=True))
     state.out.print(f"plots: {', '.join(str(p) for p in paths)}; figures: {out / 'results.json'}")
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput(f"no {what} {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"can't read the {what} {path}: {exc}") from None
 
 
 __all__ = ["sim"]

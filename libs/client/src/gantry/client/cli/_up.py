@@ -1,4 +1,4 @@
-"""``gantry up``: run NATS and the Gantry services in the foreground until Ctrl-C."""
+"""``gantry up``: run NATS, the Gantry services and local node agents until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gantry.client.cli._common import EXIT_FAILED, DataDirOpt, command_settings, state_of
-from gantry.supervisor.platform import DEFAULT_NATS_PORT, Platform
+from gantry.supervisor.platform import DEFAULT_NATS_PORT, Platform, local_agents
 
 
 def up(
@@ -22,11 +22,41 @@ def up(
     nats_port: Annotated[
         int, typer.Option("--nats-port", help="Preferred NATS port (0 = any free port).")
     ] = DEFAULT_NATS_PORT,
+    agents: Annotated[
+        int,
+        typer.Option(
+            "--agents",
+            min=0,
+            help="Local node agents to run, so jobs have somewhere to go (0 = none). One is "
+            "named after this host and offers its CPUs, memory and CUDA GPUs (seen through "
+            "torch); several are local-1..local-N and split the CPUs and memory between them.",
+        ),
+    ] = 1,
+    agent_gpus: Annotated[
+        int | None,
+        typer.Option(
+            "--agent-gpus",
+            min=0,
+            help="Declare this many GPUs on each agent instead (to try GPU jobs on a machine "
+            "without them). Default: one agent detects the real ones; several declare none.",
+            show_default=False,
+        ),
+    ] = None,
+    agent_gpu_model: Annotated[
+        str, typer.Option("--agent-gpu-model", help="Model of the declared GPUs.")
+    ] = "A100",
 ) -> None:
-    """Run NATS and the Gantry services in the foreground until Ctrl-C."""
+    """Run NATS, the services (audit, governance, scheduler) and node agents until Ctrl-C.
+
+    Agents (gantry.testing.agent) register over NATS and run placed workers on this machine.
+    """
     settings = command_settings(ctx, data_dir)
     state = state_of(ctx)
-    platform = Platform(settings.data_dir, nats_port=nats_port)
+    platform = Platform(
+        settings.data_dir,
+        nats_port=nats_port,
+        agents=local_agents(agents, gpus=agent_gpus, gpu_model=agent_gpu_model),
+    )
 
     def _interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -71,6 +101,20 @@ def _print_where(out: Console, platform: Platform) -> None:
         table.add_row(f"{name} gRPC", str(info.get("grpc", "")))
         if info.get("metrics"):
             table.add_row(f"{name} metrics", str(info["metrics"]))
+    for agent in platform.agents:
+        offers = (
+            "this machine's CPUs and memory"
+            if agent.cpus is None
+            else (f"{agent.cpus:g} CPUs, {agent.memory} memory")
+        )
+        gpus = (
+            "the CUDA GPUs it finds"
+            if agent.gpus is None
+            else (f"{agent.gpus} {agent.gpu_model} GPUs (declared)")
+        )
+        table.add_row("node agent", escape(f"{agent.node} in pool {agent.pool}: {offers}, {gpus}"))
+    if platform.agents:
+        table.add_row("see nodes", "gantry nodes list")
     table.add_row("admin token", escape(str(platform.data_dir / "admin.token")))
     out.print(table)
     out.print("Press Ctrl-C to stop.")

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -123,11 +124,18 @@ class SchedulerService:
         sink = EventDecisionSink(background, source=SOURCE)
         api = SchedulerApi(thread, authorizer, self.kick)
         api.attach(asyncio.get_running_loop())
-        runner = None
+        kube = None
         if o.backend == "kubernetes":
             from gantry.scheduler.backend import attach_kubernetes
 
-            runner = await thread.call(attach_kubernetes, self.control, o.kubernetes, thread.submit)
+            loop = asyncio.get_running_loop()
+
+            def on_control(fn: Callable[[], None]) -> object:
+                future = thread.submit(fn)
+                loop.call_soon_threadsafe(self.kick)
+                return future
+
+            kube = await thread.call(attach_kubernetes, self.control, o.kubernetes, on_control)
         events = SchedulerEvents(
             bus, thread, publisher, verifier=self.keyring.trust(), kick=self.kick
         )
@@ -177,8 +185,9 @@ class SchedulerService:
         await tasks[0]
         await background.drain()
         await bus.close()
-        if runner is not None:
-            runner.close()
+        if kube is not None:
+            for part in kube:
+                part.close()
         thread.shutdown()
         http.shutdown()
         http.server_close()

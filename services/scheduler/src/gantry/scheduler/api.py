@@ -206,22 +206,29 @@ class SchedulerApi(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     @rpc_errors
     async def GetJob(self, request: pb.GetJobRequest, context: Any) -> pb.Job:
         """A job with its placements and history."""
-        job = await self.c.call(self.c.control.get, request.id)
-        history = await self.c.call(self.c.control.history, job.id)
-        predicted = await self.c.call(self.c.control.predicted, job)
-        return job_pb(job, history=history, predicted=predicted)
+        return await self.c.call(self._job, request.id)
+
+    def _job(self, job_id: str) -> pb.Job:
+        # built in one go on the control thread: an active job's row is live, and a report
+        # applied between reading it and its history would give a state the history lacks
+        control = self.c.control
+        job = control.get(job_id)
+        return job_pb(job, history=control.history(job.id), predicted=control.predicted(job))
 
     @rpc_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
         """Jobs, newest first."""
-        jobs = await self.c.call(
-            self.c.control.list,
-            queue=request.queue,
-            state=request.state,
-            owner=request.owner,
-            limit=min(request.limit or 100, 10_000),
-        )
-        return pb.ListJobsResponse(jobs=[job_pb(j) for j in jobs])
+
+        def listing() -> pb.ListJobsResponse:  # on the control thread, like GetJob
+            jobs = self.c.control.list(
+                queue=request.queue,
+                state=request.state,
+                owner=request.owner,
+                limit=min(request.limit or 100, 10_000),
+            )
+            return pb.ListJobsResponse(jobs=[job_pb(j) for j in jobs])
+
+        return await self.c.call(listing)
 
     @rpc_errors
     async def CancelJob(self, request: pb.CancelJobRequest, context: Any) -> pb.Job:

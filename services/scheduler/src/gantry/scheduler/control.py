@@ -72,6 +72,10 @@ SOURCE = "gantry/scheduler"
 ACTOR = "svc-scheduler"
 TERMINAL = ("succeeded", "failed", "cancelled")
 ACTIVE = ("pending", "scheduled", "running", "stopping")
+#: Worker reports that mean a rank came up (a quick one may have finished already).
+UP = ("started", "succeeded")
+#: Worker reports that mean a rank holds nothing any more.
+ENDED = ("succeeded", "stopped", "failed")
 #: Extra time after the grace period before a stop is taken as done (agents gone silent).
 STOP_SLACK_S = 30.0
 _OUTBOX = Outbox(store.outbox)
@@ -743,7 +747,8 @@ class Control:
             detail = f"worker(s) {ranks} on {node} failed (exit {exit_code})" + (
                 f": {message}" if message else ""
             )
-            others = [r for r in job.live_ranks if job.reports.get(str(r)) == "started"]
+            # ranks still starting (no report yet) must stop too, not only the started ones
+            others = [r for r in job.live_ranks if job.reports.get(str(r)) not in ENDED]
             if others:
                 self._emit_only(
                     job,
@@ -759,7 +764,7 @@ class Control:
             self._finish(job, "failed", detail)
             return
         if status == "started":
-            if job.state == "scheduled" and all(job.reports.get(r) == "started" for r in live):
+            if job.state == "scheduled" and all(job.reports.get(r) in UP for r in live):
                 previous = job.state
                 job.state = "running"
                 job.reason = f"{job.workers} worker(s) running"
@@ -770,10 +775,9 @@ class Control:
             else:
                 self._save(job, job.reason, state_event=False, notify=False)
             return
-        done = {"succeeded", "stopped", "failed"}
         if job.state == "stopping":
             targets = [str(r) for r in (job.stop_ranks or job.live_ranks)]
-            if all(job.reports.get(r) in done for r in targets):
+            if all(job.reports.get(r) in ENDED for r in targets):
                 self._stop_completed(job)
             else:
                 self._save(job, job.reason, state_event=False, notify=False)
@@ -785,6 +789,21 @@ class Control:
                 self._save(job, job.reason, state_event=False, notify=False)
             return
         if status == "stopped":  # stopped without being asked: the agent is going away
+            rest = [n for n in job.nodes_of() if n != node]
+            if rest:  # the rest of the gang cannot go on without these ranks
+                self._emit_only(
+                    job,
+                    JobStopRequested(
+                        job_id=job.id,
+                        attempt=job.attempt,
+                        reason="node-lost",
+                        nodes=rest,
+                        grace_s=self.options.stop_grace_s,
+                    ),
+                )
+            job.reason = f"worker(s) {ranks} on {node} stopped" + (
+                f": {message}" if message else " without a stop request"
+            )
             job.stop_reason = "node-lost"
             job.state = "stopping"
             self._stop_completed(job)
@@ -978,7 +997,7 @@ class Control:
             if not job.deadline_ms or now_ms < job.deadline_ms:
                 continue
             if job.state == "scheduled":
-                missing = [r for r in job.live_ranks if job.reports.get(str(r)) != "started"]
+                missing = [r for r in job.live_ranks if job.reports.get(str(r)) not in UP]
                 self._emit_only(
                     job,
                     JobStopRequested(
@@ -1038,6 +1057,8 @@ class Control:
         if row is None:
             return  # unknown until it registers
         row.last_seen_ms = _now_ms()
+        if row.state == "lost":  # it was only silent (a stall, a partition): take it back
+            self.node_registered(row.inventory)
 
     def node_health(self, node: str, degraded: bool, reason: str) -> None:
         """The profiler marked a node degraded (avoid it for new work) or recovered."""
@@ -1084,18 +1105,18 @@ class Control:
         _log.warning("node lost", node=node.name, requeued=requeued)
         for job_id in requeued:
             job = self.jobs[job_id]
-            survivors = [n for n in job.nodes_of() if n != node.name]
-            if survivors:
-                self._emit_only(
-                    job,
-                    JobStopRequested(
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        reason="node-lost",
-                        nodes=survivors,
-                        grace_s=self.options.stop_grace_s,
-                    ),
-                )
+            # the lost node too: if it was only cut off, its agent reads this when it is back
+            # and stops the requeued attempt instead of running it next to the new one
+            self._emit_only(
+                job,
+                JobStopRequested(
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    reason="node-lost",
+                    nodes=job.nodes_of(),
+                    grace_s=self.options.stop_grace_s,
+                ),
+            )
             job.stop_reason = "node-lost"
             self._requeue(job, f"node {node.name} was lost")
         self.queues.capacity = self._capacity()

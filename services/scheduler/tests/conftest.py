@@ -98,6 +98,7 @@ class Agents:
         pool: str = "default",
         rack: str = "",
         cpus: int = 64,
+        boot: str = "boot-1",
     ) -> None:
         self.nodes.append(node)
         await self.send(
@@ -110,6 +111,7 @@ class Agents:
                 gpus=[GpuDevice(index=i, model=model, memory_mib=81920) for i in range(gpus)],
                 labels={"rack": rack} if rack else {},
                 heartbeat_s=0.2,
+                agent=f"test-agent/{boot}",
             ),
             node,
         )

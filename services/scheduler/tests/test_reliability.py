@@ -302,6 +302,28 @@ async def test_an_agent_that_stops_its_workers_unasked_requeues_the_whole_gang(
     assert f"worker(s) [1] on {leaving} stopped: shutdown" in requeued.reason
 
 
+async def test_an_agent_restarted_within_the_heartbeat_timeout_requeues_its_jobs(
+    sched: Running, tap: EventTap
+) -> None:
+    """A new boot id in a registration means the agent restarted: the workers it ran are gone,
+    even though the node never missed a heartbeat. The same boot re-registering (after a NATS
+    reconnect) changes nothing."""
+    await _register(sched, "gpu-1", "gpu-2", gpus=1)
+    job = await _running_gang(sched, "gang")
+    node = job.placements[1].node
+    await sched.agents.register(node, gpus=1)  # same boot: a reconnect
+    await asyncio.sleep(0.5)
+    assert (await sched.get(job.id)).state == "running"
+    await sched.agents.register(node, gpus=1, boot="boot-2")
+    job = await sched.wait(job.id, lambda j: j.attempt == 2)
+    reasons = [h.reason for h in job.history]
+    assert any(f"the node agent on {node} restarted" in r for r in reasons)
+    (stop,) = await tap.wait_for("gantry.job.stop.requested", job_id=job.id)
+    assert stop.data["reason"] == "node-lost" and node not in stop.data["nodes"]
+    (again,) = await tap.wait_for("gantry.job.scheduled", job_id=job.id, attempt=2)
+    assert again.data["resume"] is True  # attempt 1 ran
+
+
 async def test_a_gang_that_does_not_fully_start_in_time_is_requeued(
     tmp_path: Path, nats_url: str, tap: EventTap
 ) -> None:
@@ -321,6 +343,9 @@ async def test_a_gang_that_does_not_fully_start_in_time_is_requeued(
         assert "gang timeout: worker(s) [1] did not start within 1.5 s" in requeued.reason
         assert requeued.attempt == 1
         assert "running" not in [h.state for h in job.history]
+        # it never ran, so the next attempt has nothing to resume from
+        (again,) = await tap.wait_for("gantry.job.scheduled", job_id=job.id, attempt=2)
+        assert again.data["resume"] is False
 
 
 # ---------------------------------------------------------------------------------- elastic

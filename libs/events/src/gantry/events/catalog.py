@@ -299,7 +299,11 @@ class NodeRegistered(EventData):
         default_factory=dict, description="topology labels: rack, zone, nvlink, numa, ..."
     )
     heartbeat_s: float = Field(default=5.0, gt=0, description="how often it will heartbeat")
-    agent: str = ""
+    agent: str = Field(
+        default="",
+        description="the agent and its boot id: a new value means the agent restarted and the "
+        "workers it ran are gone",
+    )
 
 
 class NodeHeartbeat(EventData):

@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,9 @@ from gantry.events.envelope import EventEnvelope
 from gantry.sched.spec import parse_memory_mib
 from gantry.security.keyring import SERVICE_KID_PREFIX, Keyring
 
+#: This process's boot id: a re-registration with another one tells the scheduler that the
+#: agent restarted and the workers it ran are gone.
+BOOT_ID = uuid.uuid4().hex[:12]
 _log = get_logger("gantry.testing.agent")
 
 SERVICE_NAME = "training-agent"
@@ -182,7 +186,7 @@ class NodeInventory:
             gpus=list(self.gpus),
             labels=dict(self.labels),
             heartbeat_s=heartbeat_s,
-            agent="gantry.testing.agent",
+            agent=f"gantry.testing.agent/{BOOT_ID}",
         )
 
 

@@ -659,10 +659,11 @@ class Control:
                 for p in job.placements
             ],
             spec=tj.spec.model_dump(mode="json", by_alias=True),
-            resume=start.resume,
+            # resume only when an earlier attempt ran (a gang that never started has no state)
+            resume=start.resume and bool(job.started_ms or job.checkpoint_ms),
         )
         reason = f"placed {job.workers} worker(s) on {', '.join(job.nodes_of())}" + (
-            " (resuming from its last checkpoint)" if start.resume else ""
+            " (resuming from its last checkpoint)" if event.resume else ""
         )
         job.reason = reason
         with self.db.begin() as conn:
@@ -1045,9 +1046,27 @@ class Control:
             )
         self.nodes[data.node] = row
         if old is not None and old.inventory != data:
-            for job_id in self._jobs_on(data.node):  # its inventory changed under running work
+            why = (
+                f"the node agent on {data.node} restarted; the workers it ran are gone"
+                if old.inventory.model_copy(update={"agent": data.agent}) == data
+                else f"node {data.node} re-registered with another inventory"
+            )
+            for job_id in self._jobs_on(data.node):  # its work is gone or no longer fits
                 job = self.jobs[job_id]
-                self._requeue(job, f"node {data.node} re-registered with another inventory")
+                survivors = [n for n in job.nodes_of() if n != data.node]
+                if survivors:
+                    self._emit_only(
+                        job,
+                        JobStopRequested(
+                            job_id=job.id,
+                            attempt=job.attempt,
+                            reason="node-lost",
+                            nodes=survivors,
+                            grace_s=self.options.stop_grace_s,
+                        ),
+                    )
+                job.stop_reason = "node-lost"
+                self._requeue(job, why)
         self._rebuild_cluster()
         _log.info("node registered", node=data.node, pool=data.pool, gpus=len(data.gpus))
 

@@ -226,6 +226,18 @@ async def running(settings: SchedulerSettings) -> AsyncIterator[Running]:
     bus = await Bus.connect(settings.nats, name="test-agents")
     await bus.ensure_streams()
     agents = Agents(Publisher(bus, signer=keyring.service_key("training-agent")), bus)
+    try:
+        async with incarnation(settings, keyring, issuer, agents) as r:
+            yield r
+    finally:
+        await bus.close()
+
+
+@contextlib.asynccontextmanager
+async def incarnation(
+    settings: SchedulerSettings, keyring: Keyring, issuer: TokenIssuer, agents: Agents
+) -> AsyncIterator[Running]:
+    """One scheduler process lifetime: a fresh SchedulerService on the settings' data and DB."""
     service, task = await start(settings)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}")
     try:
@@ -243,7 +255,6 @@ async def running(settings: SchedulerSettings) -> AsyncIterator[Running]:
         await channel.close()
         service.stop()
         await asyncio.wait_for(task, 30)
-        await bus.close()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

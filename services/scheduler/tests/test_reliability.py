@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import nats
 import nats.errors
 import pytest
@@ -24,14 +23,22 @@ import pytest
 from gantry.events import Bus, EventEnvelope, Publisher
 from gantry.events.catalog import GpuDevice, JobWorkersReported, NodeRegistered
 from gantry.protos.v1 import scheduler_pb2 as pb
-from gantry.protos.v1 import scheduler_pb2_grpc as pb_grpc
 from gantry.scheduler.control import Control
 from gantry.scheduler.settings import SchedulerOptions, SchedulerSettings
 from gantry.scheduler.store import connect, migrate
 from gantry.security import TokenIssuer
 from gantry.security.keyring import Keyring
 
-from .conftest import AGENT, Agents, EventTap, Running, job_yaml, running, scheduler_settings, start
+from .conftest import (
+    AGENT,
+    Agents,
+    EventTap,
+    Running,
+    incarnation,
+    job_yaml,
+    running,
+    scheduler_settings,
+)
 
 # ---------------------------------------------------------------------------------- helpers
 
@@ -53,30 +60,6 @@ async def _cluster(
         )
     finally:
         await bus.close()
-
-
-@contextlib.asynccontextmanager
-async def _incarnation(
-    settings: SchedulerSettings, keyring: Keyring, issuer: TokenIssuer, agents: Agents
-) -> AsyncIterator[Running]:
-    """One scheduler process lifetime: a fresh SchedulerService on the same data dir and DB."""
-    service, task = await start(settings)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}")
-    try:
-        yield Running(
-            service,
-            settings,
-            keyring,
-            issuer,
-            channel,
-            pb_grpc.SchedulerServiceStub(channel),
-            agents,
-            settings.nats.url,
-        )
-    finally:
-        await channel.close()
-        service.stop()
-        await asyncio.wait_for(task, 30)
 
 
 @contextlib.asynccontextmanager
@@ -169,7 +152,7 @@ async def test_a_restarted_scheduler_recovers_every_job_and_places_nothing_twice
     sent while no scheduler ran are applied from JetStream, and nothing is placed again."""
     settings = scheduler_settings(tmp_path / "data", nats_url, database_url)
     async with _cluster(settings) as (keyring, issuer, agents):
-        async with _incarnation(settings, keyring, issuer, agents) as r:
+        async with incarnation(settings, keyring, issuer, agents) as r:
             await _register(r, "gpu-1", gpus=8)
             running_job = await r.submit(job_yaml("runs", gpus=2))
             running_job = await r.wait_state(running_job.id, "scheduled")
@@ -198,7 +181,7 @@ async def test_a_restarted_scheduler_recovers_every_job_and_places_nothing_twice
             await tap.wait_for("gantry.job.stop.requested", job_id=stopping.id)
         # down: a worker finishes meanwhile; JetStream keeps the report for the next scheduler
         await agents.report(running_job, "succeeded")
-        async with _incarnation(settings, keyring, issuer, agents) as r:
+        async with incarnation(settings, keyring, issuer, agents) as r:
             for job in (placed, stopping, waiting):
                 assert _snapshot(await r.get(job.id)) == before[job.id], job.name
             done = await r.wait_state(running_job.id, "succeeded")

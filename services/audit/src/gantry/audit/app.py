@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import signal
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from gantry.audit.ledger import SOURCE, Ledger
 from gantry.audit.settings import AuditSettings
 from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.core import get_logger
+from gantry.core.entrypoint import run_until_signalled
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher, SignaturePool
 from gantry.protos.v1 import audit_pb2_grpc
@@ -186,11 +186,7 @@ class AuditService:
 
 async def serve(settings: AuditSettings) -> None:
     """Run the service until SIGTERM or SIGINT."""
-    service = AuditService(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
-    await service.run()
+    await run_until_signalled(AuditService(settings))
 
 
 __all__ = ["AuditService", "serve"]

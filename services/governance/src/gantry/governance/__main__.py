@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sys
 
-from gantry.core import GantryError, configure_logging, load_settings
+from gantry.core.entrypoint import service_main
 from gantry.governance.settings import GovernanceSettings
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point. ``serve`` (default) runs the service; ``migrate`` only updates the schema."""
-    parser = argparse.ArgumentParser(prog="gantry-governance", description=__doc__)
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
-    args = parser.parse_args(argv)
-    try:
-        settings = load_settings(GovernanceSettings)
-        configure_logging("governance", level=settings.log_level, json=settings.log_json)
-        if args.command == "serve":
-            from gantry.governance.app import serve
-
-            asyncio.run(serve(settings))
-            return 0
-        from gantry.governance.store import connect, migrate
-
-        migrate(connect(settings.database_url))
-        return 0
-    except GantryError as exc:
-        print(f"gantry-governance: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return service_main(
+        "governance",
+        GovernanceSettings,
+        app="gantry.governance.app",
+        store="gantry.governance.store",
+        argv=argv,
+        doc=__doc__,
+    )
 
 
 if __name__ == "__main__":

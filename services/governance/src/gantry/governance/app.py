@@ -9,7 +9,6 @@ decisions, close NATS and the database.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from gantry.core import get_logger
+from gantry.core.entrypoint import run_until_signalled
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.governance.access import SERVICE_NAME, Access
@@ -174,11 +174,7 @@ class GovernanceService:
 
 async def serve(settings: GovernanceSettings) -> None:
     """Run the service until SIGTERM or SIGINT."""
-    service = GovernanceService(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
-    await service.run()
+    await run_until_signalled(GovernanceService(settings))
 
 
 __all__ = ["MAX_SHARD_BYTES", "GovernanceService", "serve"]

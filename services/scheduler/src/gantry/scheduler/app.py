@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from gantry.core import get_logger
+from gantry.core.entrypoint import run_until_signalled
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.protos.v1 import scheduler_pb2_grpc
@@ -211,11 +211,7 @@ class SchedulerService:
 
 async def serve(settings: SchedulerSettings) -> None:
     """Run the service until SIGTERM or SIGINT."""
-    service = SchedulerService(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
-    await service.run()
+    await run_until_signalled(SchedulerService(settings))
 
 
 __all__ = ["SERVICE_NAME", "SchedulerService", "serve"]

@@ -137,67 +137,22 @@ class JobRow:
         return self._spec
 
     def values(self) -> dict[str, Any]:
-        """Column values for ``sched_jobs``."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "queue": self.queue,
-            "owner": self.owner,
-            "owner_roles": orjson.dumps(self.owner_roles).decode(),
-            "priority": self.priority,
-            "state": self.state,
-            "reason": self.reason,
-            "spec_yaml": self.spec_yaml,
-            "request_id": self.request_id,
-            "attempt": self.attempt,
-            "workers": self.workers,
-            "placements": orjson.dumps(self.placements).decode(),
-            "reports": orjson.dumps(self.reports).decode(),
-            "stop_reason": self.stop_reason,
-            "stop_ranks": orjson.dumps(self.stop_ranks).decode(),
-            "deadline_ms": self.deadline_ms,
-            "pools": self.pools,
-            "submitted_ms": self.submitted_ms,
-            "pending_since_ms": self.pending_since_ms,
-            "attempt_start_ms": self.attempt_start_ms,
-            "started_ms": self.started_ms,
-            "finished_ms": self.finished_ms,
-            "run_s": self.run_s,
-            "checkpoint_ms": self.checkpoint_ms,
-            "preempted_ms": self.preempted_ms,
-        }
+        """Column values for ``sched_jobs`` (lists and mappings as JSON)."""
+        out: dict[str, Any] = {}
+        for column in _JOB_COLUMNS:
+            value = getattr(self, column)
+            out[column] = orjson.dumps(value).decode() if column in _JSON_COLUMNS else value
+        return out
 
     @classmethod
     def from_row(cls, row: sa.Row[Any]) -> JobRow:
         """Decode a ``sched_jobs`` row."""
         m = row._mapping
         return cls(
-            id=m["id"],
-            name=m["name"],
-            queue=m["queue"],
-            owner=m["owner"],
-            owner_roles=orjson.loads(m["owner_roles"]),
-            priority=m["priority"],
-            state=m["state"],
-            reason=m["reason"],
-            spec_yaml=m["spec_yaml"],
-            request_id=m["request_id"],
-            submitted_ms=m["submitted_ms"],
-            pending_since_ms=m["pending_since_ms"],
-            attempt=m["attempt"],
-            workers=m["workers"],
-            placements=orjson.loads(m["placements"]),
-            reports=orjson.loads(m["reports"]),
-            stop_reason=m["stop_reason"],
-            stop_ranks=orjson.loads(m["stop_ranks"]),
-            deadline_ms=m["deadline_ms"],
-            pools=m["pools"],
-            attempt_start_ms=m["attempt_start_ms"],
-            started_ms=m["started_ms"],
-            finished_ms=m["finished_ms"],
-            run_s=m["run_s"],
-            checkpoint_ms=m["checkpoint_ms"],
-            preempted_ms=m["preempted_ms"],
+            **{
+                column: orjson.loads(m[column]) if column in _JSON_COLUMNS else m[column]
+                for column in _JOB_COLUMNS
+            }
         )
 
     @property
@@ -211,6 +166,10 @@ class JobRow:
         return sorted(
             {p["node"] for p in self.placements if wanted is None or p["worker"] in wanted}
         )
+
+
+_JOB_COLUMNS = tuple(c.name for c in store.jobs.columns)
+_JSON_COLUMNS = frozenset({"owner_roles", "placements", "reports", "stop_ranks"})
 
 
 @dataclass

@@ -492,3 +492,49 @@ async def test_events_from_the_wrong_source_or_key_are_dead_lettered_and_change_
     assert await _node_states(sched) == {"gpu-1": "ready"}
     await sched.agents.report(job, "succeeded")  # the real agent is still believed
     await sched.wait_state(job.id, "succeeded")
+
+
+def test_races_between_stops_and_finishing_end_the_job_right(tmp_path: Path) -> None:
+    """A job that succeeds while a preemption's stop is on its way succeeds (it is not run
+    again); a cancel during a shrink stops every rank; a late report for a released rank
+    changes nothing."""
+    from gantry.events.catalog import GpuDevice, NodeRegistered
+    from gantry.scheduler.control import Control
+    from gantry.scheduler.settings import SchedulerOptions
+    from gantry.scheduler.store import connect, migrate
+
+    db = connect(f"sqlite:///{tmp_path / 's.db'}")
+    migrate(db)
+    c = Control(db, SchedulerOptions(heartbeat_timeout_s=3600))
+    c.recover()
+    gpus = [GpuDevice(index=i, model="A100") for i in range(4)]
+    c.node_registered(NodeRegistered(node="n1", cpu_milli=64000, memory_mib=1 << 18, gpus=gpus))
+    low, _ = c.submit(job_yaml("low", gpus=4, priority="low"), owner="mia", roles=[])
+    c.schedule()
+    c.worker_report(low.id, 1, "n1", [0], "started")
+    c.submit(job_yaml("high", gpus=4, priority="high"), owner="mia", roles=[])
+    c.schedule()
+    assert c.get(low.id).state == "stopping"
+    c.worker_report(low.id, 1, "n1", [0], "succeeded")  # it finished first
+    assert c.get(low.id).state == "succeeded"
+
+    el, _ = c.submit(
+        job_yaml("el", replicas=4, gpus=1, min_replicas=2, priority="low"), owner="mia", roles=[]
+    )
+    for _ in range(3):
+        c.schedule()
+    high = next(j for j in c.list() if j.name == "high")
+    c.worker_report(high.id, 1, "n1", [0], "started")
+    c.worker_report(high.id, 1, "n1", [0], "succeeded")
+    c.schedule()
+    el_row = c.get(el.id)
+    assert el_row.state == "scheduled" and el_row.workers == 4
+    c.worker_report(el.id, el_row.attempt, "n1", [0, 1, 2, 3], "started")
+    c.submit(job_yaml("urgent", gpus=2, priority="high"), owner="mia", roles=[])
+    c.schedule()
+    shrinking = c.get(el.id)
+    assert shrinking.state == "stopping" and shrinking.stop_ranks == [2, 3]
+    c.cancel(el.id, actor="mia")
+    assert c.get(el.id).stop_reason == "cancelled" and c.get(el.id).stop_ranks == []
+    c.worker_report(el.id, shrinking.attempt, "n1", [0, 1, 2, 3], "stopped")
+    assert c.get(el.id).state == "cancelled"

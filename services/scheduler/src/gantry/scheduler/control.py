@@ -535,6 +535,9 @@ class Control:
         why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
         if job.state == "pending":
             self._finish(job, "cancelled", why, actor=actor)
+        elif job.state == "stopping" and job.stop_ranks:
+            # a shrink stops some ranks only: stop them all now
+            self._request_stop(job, "cancelled", [], why)
         elif job.state == "stopping":
             job.stop_reason = "cancelled"
             self._save(job, why, state_event=False)
@@ -694,6 +697,9 @@ class Control:
         if job is None or attempt != job.attempt or job.state == "pending":
             return  # an older attempt, a finished job, or a duplicate: nothing to do
         ranks = list(workers) or [p["worker"] for p in job.placements if p["node"] == node]
+        ranks = [r for r in ranks if r in job.live_ranks]
+        if not ranks and status != "checkpointed":
+            return  # ranks a shrink already released, or not of this attempt's placement
         if status == "checkpointed":
             job.checkpoint_ms = _now_ms()
             if self.engine is not None:
@@ -773,14 +779,20 @@ class Control:
         if reason == "shrink":
             ranks = set(job.stop_ranks)
             if self.engine is not None:
-                self.engine.release_workers(job.id, ranks)
+                self.engine.release_workers(job.id, ranks, self.clock())
             self._record_usage_part(job, ranks)
             job.placements = [p for p in job.placements if p["worker"] not in ranks]
             job.workers = len(job.placements)
             job.stop_ranks = []
             job.stop_reason = ""
             job.state = "running"
+            if self._all_succeeded(job):  # the kept ranks finished while the others stopped
+                self._finish(job, "succeeded", "all workers finished")
+                return
             self._save(job, f"shrunk to {job.workers} worker(s)", previous="stopping")
+            return
+        if self._all_succeeded(job):  # it finished before the stop reached it
+            self._finish(job, "succeeded", "all workers finished (before the stop took effect)")
             return
         if reason == "cancelled":
             self._finish(job, "cancelled", job.reason)
@@ -788,6 +800,11 @@ class Control:
             self._finish(job, "failed", "exceeded its maxRuntime and was stopped")
         else:
             self._requeue(job, job.reason)
+
+    def _all_succeeded(self, job: JobRow) -> bool:
+        return bool(job.placements) and all(
+            job.reports.get(str(r)) == "succeeded" for r in job.live_ranks
+        )
 
     def _requeue(self, job: JobRow, why: str) -> None:
         now_ms = _now_ms()

@@ -47,22 +47,30 @@ class JobFeatures:
     gpu_milli_total: int
     max_runtime_s: float = float("inf")
     cpu_milli: int = 0
+    memory_mib: int = 0
 
     def similarity_keys(self) -> tuple[tuple[Hashable, ...], ...]:
         """From most to least specific."""
-        return _keys(self.user, self.queue, self.name, self.gpu_milli_total, self.cpu_milli)
+        return _keys(
+            self.user, self.queue, self.name, self.gpu_milli_total, self.cpu_milli, self.memory_mib
+        )
 
 
 @functools.lru_cache(maxsize=65536)
 def _keys(
-    user: str, queue: str, name: str, gpu_milli_total: int, cpu_milli: int
+    user: str, queue: str, name: str, gpu_milli_total: int, cpu_milli: int, memory_mib: int
 ) -> tuple[tuple[Hashable, ...], ...]:
     pattern = name_pattern(name)
     size = size_bucket(gpu_milli_total)
     shape = (gpu_milli_total, cpu_milli.bit_length())
+    # the exact resource request: jobs submitted from one template (the same script, config
+    # or notebook) ask for the same numbers, and tend to run alike
+    template = (gpu_milli_total, cpu_milli, memory_mib)
     return (
+        ("u-q-n-t", user, queue, pattern, *template),
         ("u-q-n-s", user, queue, pattern, size),
         ("u-n", user, pattern),
+        ("u-q-template", user, queue, *template),
         ("u-q-shape", user, queue, *shape),
         ("u-q", user, queue),
         ("q-shape", queue, *shape),

@@ -153,7 +153,12 @@ class Simulator:
                 submit_time=j.submit_time,
                 workers=workers_of(j, node_gpus),
                 features=JobFeatures(
-                    j.user, j.queue, j.name or f"job-{i}", j.gpu_milli_total, cpu_milli=j.cpu_milli
+                    j.user,
+                    j.queue,
+                    j.name or f"job-{i}",
+                    j.gpu_milli_total,
+                    cpu_milli=j.cpu_milli,
+                    memory_mib=j.memory_mib,
                 ),
                 oracle_duration=j.duration,
             )

@@ -367,6 +367,7 @@ class Control:
             spec.replicas * spec.resources.milli_gpus,
             max_runtime_s=float(spec.max_runtime_s),
             cpu_milli=spec.resources.cpu_milli,
+            memory_mib=spec.resources.memory_mib,
         )
 
     def _demand(self, tj: TrainingJob) -> Demand:

@@ -250,3 +250,26 @@ def test_the_engine_is_deterministic_and_the_simulator_runs_queues() -> None:
     ]
     assert runs[0] == runs[1]
     assert runs[0]["jobs"] == 60 and runs[0]["unplaceable"] == 0
+
+
+def test_las_levels_let_a_new_job_preempt_one_that_has_had_much_more_service() -> None:
+    """2D-LAS (Tiresias): at equal priority, a job past a service threshold yields to a job
+    below it; without thresholds equal priorities never preempt each other."""
+    for thresholds, preempts in (((3600.0,), True), ((), False)):
+        e = Engine(cluster(nodes=1), BestFitPolicy(), las_thresholds=thresholds, protect_s=0)
+        e.submit(job("long", 1, 4))
+        e.schedule(0)
+        assert e.las_level(e.jobs["long"], 0) == 0
+        e.submit(job("new", 1, 4, t=1000))
+        # 4 GPUs x 1000 s = 4000 GPU-s > 3600: "long" is on level 1 now
+        stops = [d for d in e.schedule(1000) if isinstance(d, Stop)]
+        assert bool(stops) is preempts
+        if preempts:
+            assert stops == [Stop("long", "preempted", (), for_job="new")]
+            e.requeue("long", 1001)
+            assert e.jobs["long"].attained == 4004.0
+            assert set(starts(e.schedule(1001))) == {"new"}
+            # back in the queue, the long job waits behind level-0 work
+            e.submit(job("short", 1, 1, t=1002))
+            e.finish("new")
+            assert set(starts(e.schedule(1003))) == {"short"}

@@ -35,6 +35,7 @@ A pass, in order:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class EngineJob:
     started: float = -1.0
     last_checkpoint: float = -1.0
     preempted_at: float = -math.inf
+    attained: float = 0.0  # GPU-seconds of service in earlier attempts (for LAS levels)
     reason: str = ""
     stopping_for: str = ""  # the job a stop was requested for
     seq: int = 0
@@ -166,6 +168,7 @@ class Engine:
         pools: Sequence[str] | None = None,
         protect_s: float = 600.0,
         preemption: bool = True,
+        las_thresholds: Sequence[float] = (),
     ) -> None:
         if ordering not in ORDERINGS:
             raise InvalidInput(f"unknown ordering {ordering!r}", hint=f"one of {ORDERINGS}")
@@ -175,6 +178,7 @@ class Engine:
         self.predictor = predictor or DurationPredictor()
         self.protect_s = protect_s
         self.preemption = preemption
+        self.las_thresholds = tuple(sorted(las_thresholds))
         self.jobs: dict[str, EngineJob] = {}
         self._seq = 0
         self._predicted: dict[str, float] = {}
@@ -348,6 +352,7 @@ class Engine:
     def requeue(self, job_id: str, now: float) -> EngineJob:
         """The job's workers stopped (preempted, node lost, resized): back to pending."""
         job = self._job(job_id)
+        job.attained = self.attained(job, now)
         self._free(job)
         if job.stopping_for:
             job.preempted_at = now
@@ -403,11 +408,22 @@ class Engine:
             value = self._predicted[job.id] = self.predictor.predict(job.features)
         return value
 
-    def _key(self, job: EngineJob) -> tuple[float, float, float, int]:
+    def attained(self, job: EngineJob, now: float) -> float:
+        """GPU-seconds of service the job has had so far (all attempts)."""
+        if job.started < 0 or not job.placed:
+            return job.attained
+        return job.attained + max(now - job.started, 0.0) * job.held().gpu_milli / 1000
+
+    def las_level(self, job: EngineJob, now: float) -> int:
+        """The job's least-attained-service level: how many thresholds its service passed."""
+        return bisect.bisect_right(self.las_thresholds, self.attained(job, now))
+
+    def _key(self, job: EngineJob) -> tuple[float, ...]:
         if self.ordering == "fifo":
             return (-job.priority, job.submit_time, 0.0, job.seq)
         gpu = max(job.features.gpu_milli_total, 100)
-        return (-job.priority, gpu * self.predicted_runtime(job), job.submit_time, job.seq)
+        level = bisect.bisect_right(self.las_thresholds, job.attained)
+        return (-job.priority, level, gpu * self.predicted_runtime(job), job.submit_time, job.seq)
 
     def _order(self, pending: list[EngineJob]) -> list[EngineJob]:
         """Pending jobs in the order a pass tries them: DRF across queues, key inside one."""
@@ -624,7 +640,15 @@ class Engine:
         if now - victim.preempted_at < self.protect_s:
             return False  # never thrash: not again so soon
         if victim.queue == job.queue:
-            return victim.priority < job.priority
+            if victim.priority < job.priority:
+                return True
+            # 2D-LAS (Tiresias): a job that has had much more service yields to one that had
+            # little, at the same priority — long jobs cannot block short ones for long
+            return (
+                bool(self.las_thresholds)
+                and victim.priority == job.priority
+                and self.las_level(victim, now) > self.las_level(job, now)
+            )
         if self.queues is None:
             return False
         mine, theirs = self.queues.queue(job.queue), self.queues.queue(victim.queue)

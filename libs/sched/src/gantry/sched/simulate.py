@@ -129,6 +129,7 @@ class Simulator:
         progress: Callable[[int], None] | None = None,
         queues: Sequence[QueueConfig] | None = None,
         checkpoint_s: float = 600.0,
+        las_thresholds: Sequence[float] = (),
     ) -> None:
         book = None
         if queues:
@@ -137,7 +138,12 @@ class Simulator:
             )
             book = QueueBook(queues, capacity)
         self.engine = Engine(
-            cluster.copy(), placement, ordering=ordering, queues=book, predictor=predictor
+            cluster.copy(),
+            placement,
+            ordering=ordering,
+            queues=book,
+            predictor=predictor,
+            las_thresholds=las_thresholds if ordering == "gantry" else (),
         )
         self.placement = placement
         self.ordering = ordering

@@ -325,6 +325,7 @@ class Control:
                 predictor=self.predictor,
                 pools=pools,
                 protect_s=self.options.preemption_protect_s,
+                las_thresholds=[h * 3600 for h in self.options.las_thresholds_gpu_h],
             )
             for job in sorted(self.jobs.values(), key=lambda j: j.submitted_ms):
                 self._enter_engine(job)

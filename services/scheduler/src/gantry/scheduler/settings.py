@@ -44,6 +44,12 @@ class SchedulerOptions(BaseModel):
         description="Queue order inside a priority: predicted run time with backfill "
         "(gantry) or submit order (fifo).",
     )
+    las_thresholds_gpu_h: list[float] = Field(
+        default_factory=list,
+        description="Tiresias-style 2D-LAS levels in GPU-hours of service, e.g. [10]: a job "
+        "past a level yields (checkpoint, requeue) to jobs below it at the same priority. "
+        "Empty (default): equal priorities never preempt each other.",
+    )
     queues_file: Path | None = Field(
         default=None,
         description="YAML of queues and quotas (see docs/queues.md); queues it names that the "

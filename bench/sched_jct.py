@@ -17,7 +17,8 @@ ordering; ``jct_ratio_vs_fifo`` and ``jct_ratio_vs_sjf_oracle`` = gantry's avera
 theirs. ``gantry_las_*`` / ``las_jct_ratio_vs_sjf_oracle``: the gantry ordering with
 Tiresias-style 2D-LAS levels (a job past 10 GPU-hours of service yields to newer ones at the
 same priority; off by default in the service). Targets (the issue): ≤ 0.6 and ≤ 1.3;
-Helios' non-oracle QSSF reached 0.43 of FIFO on the Philly trace. ``--quick`` replays the first 2,500 jobs. The generated CSV is written to
+Helios' non-oracle QSSF reached 0.43 of FIFO on the Philly trace. ``--quick`` replays the
+first 2,500 jobs. The generated CSV is written to
 bench/results/sched_jct_trace.csv. Prints one JSON object as its LAST line and writes it to
 bench/results/sched_jct.json.
 """

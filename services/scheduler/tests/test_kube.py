@@ -359,10 +359,19 @@ class KubeApi(ThreadingHTTPServer):
         return {name: obj for (k, _, name), obj in self.objects.items() if k == kind}
 
 
+_TERM = re.compile(r"([^,=\s]+)\s+in\s+\(([^)]*)\)|([^,=]+)=([^,]*)")
+
+
 def _matches(obj: dict[str, Any], selector: str) -> bool:
+    """Equality terms and set-based ``key in (a,b)`` terms, as the API server reads them."""
     labels = obj.get("metadata", {}).get("labels") or {}
-    pairs = [term.split("=", 1) for term in selector.split(",") if term]
-    return all(labels.get(key) == value for key, value in pairs)
+    for term in _TERM.finditer(selector):
+        if term.group(1):
+            if labels.get(term.group(1)) not in [v.strip() for v in term.group(2).split(",")]:
+                return False
+        elif labels.get(term.group(3)) != term.group(4):
+            return False
+    return True
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -634,6 +643,16 @@ def test_stop_deletes_one_job_by_label(api: KubeApi, api_client: Any) -> None:
     backend.stop(GANG.job_id)  # every attempt
     assert list(api.stored("jobs")) == ["gantry-j-00000000000a-a2-w0"]
     assert list(api.stored("services")) == ["gantry-j-00000000000a-a2"]
+
+
+def test_a_shrink_deletes_only_the_released_ranks_jobs(api: KubeApi, api_client: Any) -> None:
+    backend = KubeBackend(api_client, NS)
+    backend.launch(GANG)
+    backend.stop(GANG.job_id, GANG.attempt, workers=[3, 2])
+    assert api.of("DELETE", "services") == []  # rendezvous stays for the kept ranks
+    (delete,) = api.of("DELETE", "jobs")
+    assert delete.query["labelSelector"].endswith("gantry.io/worker in (2,3)")
+    assert sorted(api.stored("jobs")) == [f"gantry-j-00000000000b-a1-w{r}" for r in (0, 1)]
 
 
 def test_worker_statuses_lists_the_jobs_pods(api: KubeApi, api_client: Any) -> None:

@@ -97,10 +97,9 @@ class KubernetesRunner:
             _log.error("kubernetes launch failed", job=job.id, error=str(exc))
 
     def stop(self, job: JobRow, ranks: list[int]) -> None:
-        """Delete the attempt's Jobs (a stop of some ranks deletes the whole attempt)."""
-        del ranks
+        """Delete the attempt's Jobs (only the given ranks' for a shrink)."""
         try:
-            self.backend.stop(job.id, job.attempt)
+            self.backend.stop(job.id, job.attempt, ranks)
         except GantryError as exc:
             _log.error("kubernetes stop failed", job=job.id, error=str(exc))
 

@@ -37,7 +37,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -733,15 +733,22 @@ class KubeBackend:
                 self.stop(job.job_id, job.attempt)
             raise
 
-    def stop(self, job_id: str, attempt: int | None = None) -> None:
+    def stop(self, job_id: str, attempt: int | None = None, workers: Sequence[int] = ()) -> None:
         """Delete the job's Jobs and Services (of one attempt, or all); Kubernetes then deletes
-        their pods in the background, each with its termination grace period."""
+        their pods in the background, each with its termination grace period. With
+        ``workers`` (a shrink), only those ranks' Jobs go; the Service stays."""
         selector = job_selector(job_id, attempt)
         target = f"the objects of job {job_id}"
-        for delete in (
+        deletes = [
             self._batch.delete_collection_namespaced_job,
             self._core.delete_collection_namespaced_service,
-        ):
+        ]
+        if workers:
+            ranks = ",".join(str(w) for w in sorted(set(workers)))
+            selector = f"{selector},{WORKER} in ({ranks})"
+            target = f"workers {ranks} of job {job_id}"
+            deletes = deletes[:1]
+        for delete in deletes:
             self._call(
                 "delete",
                 target,

@@ -8,6 +8,7 @@ process group, so the seconds a process needs to start torch are paid once, not 
 module name, and under pytest's importlib mode the child cannot import this file by name.)
 """
 
+import gc
 import hashlib
 import json
 import math
@@ -346,9 +347,14 @@ def _train(mode: str, rank: int) -> dict[str, Any]:
         optimizer.step()
 
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    final = loss_on_all_data()
+    # free the DDP wrapper (and its hook state) before the process group goes: torch aborts
+    # or hangs when a gloo group is torn down under a live DDP reducer
+    del ddp, optimizer
+    gc.collect()
     return {
         "initial_loss": initial,
-        "final_loss": loss_on_all_data(),
+        "final_loss": final,
         "digest": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
         "numel": params.numel(),
         "steps": stats.steps,
@@ -371,9 +377,15 @@ def _worker(rank: int, store: str, out_dir: Path) -> None:
     try:
         results = {mode: _train(mode, rank) for mode in MODES}
     finally:
+        gc.collect()
         dist.destroy_process_group()
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
     _worker(int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown: gloo's threads may still be winding down, and C++ static
+    # destructors racing them abort the process ("terminate called without an active exception")
+    os._exit(0)

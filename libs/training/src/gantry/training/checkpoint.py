@@ -61,7 +61,6 @@ import contextlib
 import copy
 import io
 import json
-import random
 import re
 import threading
 import time
@@ -72,7 +71,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO, Any, cast
 
-import numpy as np
 import torch
 
 from gantry.core import Conflict, GantryError, IntegrityError, InvalidInput, get_logger
@@ -85,6 +83,7 @@ from gantry.storage import (
     TamperedObject,
 )
 from gantry.storage.naming import check_object_name
+from gantry.training.seeding import capture_rng_state, restore_rng_state, seed_everything
 
 FORMAT = "gantry.checkpoint/1"
 MAX_STEP = 10**12 - 1  # twelve digits in the object name
@@ -163,56 +162,24 @@ class DataPosition:
 
 @dataclass
 class RngState:
-    """Every random generator a training step may draw from, in serialisable form.
+    """Every random generator a training step may draw from, in serialisable form: Python
+    ``random``, NumPy's global generator, torch CPU and (once initialised) every CUDA device —
+    as :func:`gantry.training.seeding.capture_rng_state` records them.
 
-    ``numpy`` is the legacy global generator (``np.random.*``); ``np.random.Generator``
-    instances the caller owns belong in :attr:`DataPosition.sampler` or metadata.
+    ``np.random.Generator`` instances the caller owns belong in :attr:`DataPosition.sampler`
+    or metadata.
     """
 
-    python: tuple[Any, ...]
-    numpy: tuple[Any, ...]  # ("MT19937", int64 tensor of 624 words, pos, has_gauss, gauss)
-    torch_cpu: torch.Tensor
-    torch_cuda: list[torch.Tensor] = field(default_factory=list)  # per device; [] without CUDA
+    state: dict[str, Any]
 
     @classmethod
     def capture(cls) -> RngState:
-        """The current states. CUDA is read only once initialised, so CPU jobs never start it."""
-        legacy = np.random.get_state(legacy=True)
-        assert isinstance(legacy, tuple)  # legacy=True always gives the tuple form
-        kind, words, pos, has_gauss, gauss = legacy
-        cuda: list[torch.Tensor] = []
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            cuda = list(torch.cuda.get_rng_state_all())
-        return cls(
-            python=random.getstate(),
-            numpy=(kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, gauss),
-            torch_cpu=torch.get_rng_state(),
-            torch_cuda=cuda,
-        )
+        """The current states."""
+        return cls(capture_rng_state())
 
     def restore(self) -> None:
         """Make every generator continue exactly where it was captured."""
-        random.setstate(self.python)
-        kind, words, pos, has_gauss, gauss = self.numpy
-        np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, gauss))
-        torch.set_rng_state(self.torch_cpu)
-        if not self.torch_cuda:
-            return
-        if not torch.cuda.is_available():
-            _log.warning("cuda rng state not restored", reason="CUDA is not available here")
-            return
-        devices = torch.cuda.device_count()
-        if devices != len(self.torch_cuda):
-            _log.warning("cuda device count differs", saved=len(self.torch_cuda), here=devices)
-        for index, state in enumerate(self.torch_cuda[:devices]):
-            torch.cuda.set_rng_state(state, index)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python ``random``, NumPy's global generator and torch (CPU and every CUDA device)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+        restore_rng_state(self.state)
 
 
 @dataclass

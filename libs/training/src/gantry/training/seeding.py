@@ -89,7 +89,10 @@ def capture_rng_state() -> dict[str, Any]:
             "gauss": float(numpy_state["gauss"]),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # read only once initialised: a CPU job on a GPU node must not start CUDA for this
+        "cuda": torch.cuda.get_rng_state_all()
+        if torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        else [],
     }
     return state
 

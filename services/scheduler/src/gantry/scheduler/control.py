@@ -718,17 +718,7 @@ class Control:
             # ranks still starting (no report yet) must stop too, not only the started ones
             others = [r for r in job.live_ranks if job.reports.get(str(r)) not in ENDED]
             if others:
-                self._emit_only(
-                    job,
-                    JobStopRequested(
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        reason="failed",
-                        nodes=job.nodes_of(others),
-                        workers=others,
-                        grace_s=self.options.stop_grace_s,
-                    ),
-                )
+                self._tell_to_stop(job, "failed", job.nodes_of(others), workers=others)
             self._finish(job, "failed", detail)
             return
         if status == "started":
@@ -759,16 +749,7 @@ class Control:
         if status == "stopped":  # stopped without being asked: the agent is going away
             rest = [n for n in job.nodes_of() if n != node]
             if rest:  # the rest of the gang cannot go on without these ranks
-                self._emit_only(
-                    job,
-                    JobStopRequested(
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        reason="node-lost",
-                        nodes=rest,
-                        grace_s=self.options.stop_grace_s,
-                    ),
-                )
+                self._tell_to_stop(job, "node-lost", rest)
             job.reason = f"worker(s) {ranks} on {node} stopped" + (
                 f": {message}" if message else " without a stop request"
             )
@@ -977,16 +958,7 @@ class Control:
                 continue
             if job.state == "scheduled":
                 missing = [r for r in job.live_ranks if job.reports.get(str(r)) not in UP]
-                self._emit_only(
-                    job,
-                    JobStopRequested(
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        reason="gang-timeout",
-                        nodes=job.nodes_of(),
-                        grace_s=self.options.stop_grace_s,
-                    ),
-                )
+                self._tell_to_stop(job, "gang-timeout", job.nodes_of())
                 job.stop_reason = "gang-timeout"
                 self._requeue(
                     job,
@@ -1033,16 +1005,7 @@ class Control:
                 job = self.jobs[job_id]
                 survivors = [n for n in job.nodes_of() if n != data.node]
                 if survivors:
-                    self._emit_only(
-                        job,
-                        JobStopRequested(
-                            job_id=job.id,
-                            attempt=job.attempt,
-                            reason="node-lost",
-                            nodes=survivors,
-                            grace_s=self.options.stop_grace_s,
-                        ),
-                    )
+                    self._tell_to_stop(job, "node-lost", survivors)
                 job.stop_reason = "node-lost"
                 self._requeue(job, why)
         self._rebuild_cluster()
@@ -1104,16 +1067,7 @@ class Control:
             job = self.jobs[job_id]
             # the lost node too: if it was only cut off, its agent reads this when it is back
             # and stops the requeued attempt instead of running it next to the new one
-            self._emit_only(
-                job,
-                JobStopRequested(
-                    job_id=job.id,
-                    attempt=job.attempt,
-                    reason="node-lost",
-                    nodes=job.nodes_of(),
-                    grace_s=self.options.stop_grace_s,
-                ),
-            )
+            self._tell_to_stop(job, "node-lost", job.nodes_of())
             job.stop_reason = "node-lost"
             self._requeue(job, f"node {node.name} was lost")
         self.queues.capacity = self._capacity()
@@ -1339,7 +1293,19 @@ class Control:
             ),
         )
 
-    def _emit_only(self, job: JobRow, data: JobStopRequested) -> None:
+    def _tell_to_stop(
+        self, job: JobRow, reason: str, nodes: Sequence[str], *, workers: Sequence[int] = ()
+    ) -> None:
+        """Ask the agents on ``nodes`` to stop the job's current attempt (its ranks
+        ``workers``, or all), without a state change of its own."""
+        data = JobStopRequested(
+            job_id=job.id,
+            attempt=job.attempt,
+            reason=reason,  # type: ignore[arg-type]
+            nodes=[*nodes],
+            workers=list(workers),
+            grace_s=self.options.stop_grace_s,
+        )
         with self.db.begin() as conn:
             self._emit(conn, "gantry.job.stop.requested", data, job.id)
 

@@ -154,6 +154,7 @@ class ModelRegistered(EventData):
     job_id: str = ""
     metrics: dict[str, float] = Field(default_factory=dict)
     trained_on: list[dict[str, str]] = Field(default_factory=list)
+    code_version: str = ""
 
 
 class DatasetUse(EventData):
@@ -191,6 +192,17 @@ class JobScheduled(EventData):
         default_factory=dict, description="the job's TrainingJob spec section, as submitted"
     )
     resume: bool = Field(default=False, description="resume from the last checkpoint")
+    master_addr: str = Field(
+        default="",
+        description="address of rank 0's node, where the workers rendezvous ('' = the "
+        "agents' loopback, for jobs on one node)",
+    )
+    master_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="rendezvous port of this attempt (0 = the agents derive one from the job id)",
+    )
 
 
 class JobSubmitted(EventData):
@@ -245,10 +257,16 @@ class JobWorkersReported(EventData):
     attempt: int = Field(ge=1)
     node: str
     workers: list[int] = Field(default_factory=list)
-    status: Literal["started", "checkpointed", "succeeded", "failed", "stopped"]
+    status: Literal["started", "checkpointed", "restarted", "succeeded", "failed", "stopped"]
     exit_code: int = 0
     message: str = ""
     step: int = Field(default=0, ge=0, description="training step of a checkpoint")
+    restarts: int = Field(
+        default=0, ge=0, description="times the agent restarted the workers in this attempt"
+    )
+    model: str = Field(
+        default="", description="on success: the model version registered, as name:version"
+    )
 
 
 class JobUsage(EventData):
@@ -275,6 +293,56 @@ class JobLogLines(EventData):
     stream: Literal["stdout", "stderr", "gantry"] = "stdout"
     lines: list[str] = Field(default_factory=list)
     at_ms: int = 0
+
+
+class JobProgress(EventData):
+    """How far a job's training is (rank 0's view; on METRICS, a few per job per minute)."""
+
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    step: int = Field(ge=0)
+    total_steps: int = Field(default=0, ge=0, description="0 when unknown")
+    epoch: int = Field(default=0, ge=0)
+    loss: float | None = None
+    samples_per_s: float = Field(default=0.0, ge=0)
+    eta_s: float | None = Field(default=None, ge=0)
+    at_ms: int = 0
+
+
+class JobStepMetrics(EventData):
+    """One worker's step timings over a window of steps (aggregated: never one per step).
+
+    Times are means per step in milliseconds; ``step_ms_max`` is the slowest step in the window.
+    """
+
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    node: str
+    worker: int = Field(ge=0)
+    first_step: int = Field(ge=0)
+    last_step: int = Field(ge=0)
+    step_ms: float = Field(ge=0)
+    step_ms_max: float = Field(ge=0)
+    data_ms: float = Field(default=0.0, ge=0, description="waiting for the next batch")
+    compute_ms: float = Field(default=0.0, ge=0, description="forward and backward")
+    comm_ms: float = Field(default=0.0, ge=0, description="gradient all-reduce not overlapped")
+    optimizer_ms: float = Field(default=0.0, ge=0)
+    samples: int = Field(default=0, ge=0, description="samples this worker processed")
+    tokens: int = Field(default=0, ge=0)
+    loss: float | None = None
+    memory_mib: int = Field(default=0, ge=0, description="peak accelerator (or RSS) memory")
+    at_ms: int = 0
+
+
+class GpuUsage(EventData):
+    """One GPU's utilisation at a heartbeat (NVML where available)."""
+
+    index: int = Field(ge=0)
+    util: float = Field(default=0.0, ge=0, le=1)
+    memory_used_mib: int = Field(default=0, ge=0)
+    temperature_c: float = 0.0
+    power_w: float = Field(default=0.0, ge=0)
+    throttled: bool = False
 
 
 class GpuDevice(EventData):
@@ -304,6 +372,14 @@ class NodeRegistered(EventData):
         description="the agent and its boot id: a new value means the agent restarted and the "
         "workers it ran are gone",
     )
+    address: str = Field(
+        default="", description="where other nodes reach this one (rendezvous of gangs)"
+    )
+    worker_slots: str = Field(
+        default="gpu",
+        description="'gpu' when workers run on GPUs, 'cpu' when the node has none and offers "
+        "CPU worker slots",
+    )
 
 
 class NodeHeartbeat(EventData):
@@ -313,6 +389,9 @@ class NodeHeartbeat(EventData):
     seq: int = Field(ge=0)
     jobs: list[str] = Field(default_factory=list, description="jobs with workers running here")
     gpu_util: float = Field(default=0.0, ge=0, le=1)
+    cpu_util: float = Field(default=0.0, ge=0, le=1)
+    memory_used_mib: int = Field(default=0, ge=0)
+    gpus: list[GpuUsage] = Field(default_factory=list)
 
 
 class NodeLost(EventData):
@@ -445,6 +524,12 @@ JOB_WORKERS = register(
 )
 JOB_LOG = register("gantry.log.job", 1, JobLogLines, "Log lines of a job's worker.")
 JOB_USAGE = register("gantry.job.usage", 1, JobUsage, "Resources a job attempt consumed.")
+JOB_PROGRESS = register(
+    "gantry.metrics.job.progress", 1, JobProgress, "How far a job's training is."
+)
+JOB_STEP_METRICS = register(
+    "gantry.metrics.job.step", 1, JobStepMetrics, "A worker's step timings over a window."
+)
 NODE_REGISTERED = register(
     "gantry.node.registered", 1, NodeRegistered, "A node agent registered its inventory."
 )
@@ -466,8 +551,10 @@ __all__ = [
     "GRANT_ISSUED",
     "GRANT_REVOKED",
     "JOB_LOG",
+    "JOB_PROGRESS",
     "JOB_SCHEDULED",
     "JOB_STATE",
+    "JOB_STEP_METRICS",
     "JOB_STOP_REQUESTED",
     "JOB_SUBMITTED",
     "JOB_USAGE",
@@ -492,11 +579,14 @@ __all__ = [
     "EventSpec",
     "GarbageCollected",
     "GpuDevice",
+    "GpuUsage",
     "GrantIssued",
     "GrantRevoked",
     "JobLogLines",
+    "JobProgress",
     "JobScheduled",
     "JobStateChanged",
+    "JobStepMetrics",
     "JobStopRequested",
     "JobSubmitted",
     "JobUsage",

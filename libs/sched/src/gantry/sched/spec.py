@@ -187,16 +187,25 @@ class Resources(_Model):
 
 
 class Entrypoint(_Model):
-    """What the workers run: a Python module or a command."""
+    """What the workers run: a Gantry training task, a Python module or a command.
 
+    ``task`` ("module:attribute", a :class:`gantry.training.Task`) runs under the training
+    runtime, which reads ``args`` as ``key=value`` task options; ``module`` and ``command``
+    run as they are, with ``args`` appended.
+    """
+
+    task: str = Field(default="", pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     module: str = ""
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _one(self) -> Entrypoint:
-        if bool(self.module) == bool(self.command):
-            raise ValueError("give exactly one of module (a Python module) or command")
+        if sum(map(bool, (self.task, self.module, self.command))) != 1:
+            raise ValueError(
+                "give exactly one of task (module:attribute of a gantry.training.Task), "
+                "module (a Python module) or command"
+            )
         return self
 
 

@@ -246,6 +246,18 @@ class StepMetrics:
     """Seconds until the run ends at the recent step rate; None before it is known."""
     rank: int
     """The worker reporting (each rank reports the same numbers; log from rank 0)."""
+    total_steps: int = 0
+    """Optimizer steps the run will take in all (0 when unknown)."""
+    step_s: float = 0.0
+    """Wall seconds of this step on this rank, from the end of the previous one."""
+    data_s: float = 0.0
+    """Of which waiting for batches from the loader."""
+    compute_s: float = 0.0
+    """Of which forward and backward (gradient all-reduce included, as DDP overlaps it)."""
+    optimizer_s: float = 0.0
+    """Of which the optimizer step and the agreement between ranks."""
+    samples: int = 0
+    """Samples this rank processed in the step."""
 
 
 @dataclass
@@ -664,12 +676,15 @@ class Trainer:
             sampler.skip = first * options.micro_batch_size
             batches = first + len(loader)
             loss_sum = torch.zeros((), device=self.device)
+            phases = _Phases()
             for index, batch in enumerate(loader, start=first):
+                phases.batch_arrived(batch)
                 group_start = index - index % accumulation
                 group_size = min(accumulation, batches - group_start)
                 last = index - group_start == group_size - 1
                 loss = self._micro_step(state, batch, sync=last, divisor=group_size)
                 loss_sum += loss
+                phases.computed()
                 if not last:
                     continue
                 state.precision.step(state.optimizer)
@@ -681,7 +696,7 @@ class Trainer:
                 loss_sum = torch.zeros((), device=self.device)
                 state.history.append(mean_loss)
                 samples = options.micro_batch_size * group_size * self.env.world_size
-                self._report(state, mean_loss, clock.tick(samples))
+                self._report(state, mean_loss, clock.tick(samples), phases.end(), total_steps)
                 if stop:
                     self._stop(state)
                     return
@@ -737,9 +752,30 @@ class Trainer:
         mean_loss, stop, save = values.tolist()
         return mean_loss, stop > 0, save > 0
 
-    def _report(self, state: TrainState, loss: float, timing: tuple[float, float | None]) -> None:
+    def _report(
+        self,
+        state: TrainState,
+        loss: float,
+        timing: tuple[float, float | None],
+        phases: tuple[float, float, float, float, int],
+        total_steps: int,
+    ) -> None:
         samples_per_s, eta_s = timing
-        metrics = StepMetrics(state.step, state.epoch, loss, samples_per_s, eta_s, self.env.rank)
+        step_s, data_s, compute_s, optimizer_s, samples = phases
+        metrics = StepMetrics(
+            state.step,
+            state.epoch,
+            loss,
+            samples_per_s,
+            eta_s,
+            self.env.rank,
+            total_steps=total_steps,
+            step_s=step_s,
+            data_s=data_s,
+            compute_s=compute_s,
+            optimizer_s=optimizer_s,
+            samples=samples,
+        )
         for callback in self._callbacks:
             callback(metrics)
 
@@ -753,6 +789,48 @@ class Trainer:
             checkpointed=self.hooks.checkpoint is not None,
             rank=self.env.rank,
         )
+
+
+class _Phases:
+    """Where one rank's step time goes: waiting for data, computing, the optimizer step."""
+
+    def __init__(self) -> None:
+        self._mark = time.perf_counter()
+        self._start = self._mark
+        self.data_s = self.compute_s = 0.0
+        self.samples = 0
+
+    def batch_arrived(self, batch: Any) -> None:
+        now = time.perf_counter()
+        self.data_s += now - self._mark
+        self._mark = now
+        self.samples += _batch_size(batch)
+
+    def computed(self) -> None:
+        now = time.perf_counter()
+        self.compute_s += now - self._mark
+        self._mark = now
+
+    def end(self) -> tuple[float, float, float, float, int]:
+        """(step, data, compute, optimizer) seconds and samples of the step; starts the next."""
+        now = time.perf_counter()
+        out = (now - self._start, self.data_s, self.compute_s, now - self._mark, self.samples)
+        self._start = self._mark = now
+        self.data_s = self.compute_s = 0.0
+        self.samples = 0
+        return out
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, tuple | list) and batch:
+        first = batch[0]
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            return int(first.shape[0])
+        if isinstance(first, Mapping):
+            for value in first.values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    return int(value.shape[0])
+    return 0
 
 
 class _StepClock:

@@ -1,0 +1,203 @@
+"""``python -m gantry.training.run module:task [key=value ...]``: one worker of a task job.
+
+The node agent starts this for a job whose ``spec.entrypoint`` is a ``task``. It loads the
+user's :class:`~gantry.training.task.Task`, builds the options from the job spec, wires
+compression, checkpoints (encrypted, in the object store, under the job's id), DP-SGD and
+progress reporting, and trains. SIGTERM (preemption, cancel) checkpoints and exits 0 at the
+next step boundary. When training finishes, rank 0 evaluates, exports the model and writes
+the manifest the agent registers (into ``$GANTRY_OUTPUT_DIR``).
+
+Exit codes: 0 done or stopped on request; 1 the user's code raised (its traceback is on
+stderr, so ``gantry jobs logs`` shows it); 2 the job is misconfigured; 3 the privacy budget
+would be exceeded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch.utils.data import DataLoader
+
+from gantry.core import CommonSettings, ConfigError, GantryError, load_settings
+from gantry.storage.settings import StorageSettings, open_store
+from gantry.training.checkpoint import CheckpointManager
+from gantry.training.export import ModelManifest, clean_metrics, code_version, export_model
+from gantry.training.hooks import hooks_for
+from gantry.training.privacy import BudgetExceeded
+from gantry.training.progress import ProgressReporter
+from gantry.training.task import (
+    DataContext,
+    Task,
+    load_task,
+    options_for,
+    parse_overrides,
+    read_spec,
+)
+from gantry.training.trainer import Trainer, TrainingOptions, WorkerEnv
+
+EXIT_USER_ERROR = 1
+EXIT_CONFIG = 2
+EXIT_BUDGET = 3
+
+
+class WorkerSettings(CommonSettings):
+    """What a worker reads from the environment the agent gives it."""
+
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    output_dir: Path | None = Field(
+        default=None, description="Where rank 0 writes the exported model (GANTRY_OUTPUT_DIR)."
+    )
+    checkpoint_keep: int = Field(
+        default=3, ge=1, description="Checkpoints kept per job (GANTRY_CHECKPOINT_KEEP)."
+    )
+
+
+def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
+    """Train the task at ``reference``; the process exit code."""
+    env = WorkerEnv.from_environ()
+    spec, name = read_spec()
+    task = load_task(reference)
+    options = options_for(task, spec, parse_overrides(args))
+    ctx = DataContext(env, spec, options.seed)
+    manager = None
+    if env.job_id:
+        store = open_store(settings.storage, data_dir=settings.data_dir)
+        manager = CheckpointManager(store, env.job_id, keep=settings.checkpoint_keep)
+    marker = env.checkpoint_dir / "step" if env.checkpoint_dir else None
+    hooks, checkpoints, privacy = hooks_for(options, env, checkpoints=manager, marker=marker)
+    reporter = ProgressReporter.from_environ()
+    trainer = Trainer(
+        task.model,
+        task.loss,
+        lambda: task.dataset(ctx),
+        options=options,
+        env=env,
+        hooks=hooks,
+        callbacks=[reporter],
+    )
+    try:
+        with trainer:
+            trainer.fit()
+            if privacy is not None and env.rank == 0:
+                epsilon = privacy.epsilon()
+                reporter.send({"kind": "epsilon", "epsilon": epsilon})
+                print(f"dp-sgd: epsilon spent {epsilon:.4f} (delta {privacy.privacy.delta})")
+            if trainer.stopped:
+                print(f"stopped at step {trainer.state.step}; checkpoint saved", flush=True)
+                return 0
+            if env.rank == 0:
+                _finish(task, trainer, ctx, options, name, reference, settings, privacy)
+        return 0
+    finally:
+        reporter.close()
+        if checkpoints is not None:
+            checkpoints.close()
+
+
+def _finish(
+    task: Task,
+    trainer: Trainer,
+    ctx: DataContext,
+    options: TrainingOptions,
+    job_name: str,
+    reference: str,
+    settings: WorkerSettings,
+    privacy: Any,
+) -> None:
+    """Evaluate, export and write the manifest (rank 0, after training)."""
+    module = trainer.state.module
+    unwrap = getattr(module, "_module", None)  # Opacus' GradSampleModule keeps the model here
+    if isinstance(unwrap, torch.nn.Module):
+        module = unwrap
+    module.eval()
+    history = trainer.state.history
+    metrics: dict[str, Any] = {"final_loss": history[-1] if history else math.nan}
+    if task.evaluate is not None:
+        metrics.update(task.evaluate(module, ctx))
+    elif task.eval_dataset is not None:
+        metrics["eval_loss"] = _mean_loss(task, module, ctx, options)
+    if privacy is not None:
+        metrics["dp_epsilon"] = privacy.epsilon()
+        metrics["dp_delta"] = privacy.privacy.delta
+    metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(clean_metrics(metrics).items()))
+    print(f"finished after {trainer.state.step} steps: {shown}", flush=True)
+    if not task.register or settings.output_dir is None:
+        return
+    example = task.example_input() if task.example_input is not None else _first_inputs(trainer)
+    artifact, fmt, signature = export_model(
+        module, example, settings.output_dir, quantize=task.quantize
+    )
+    manifest = ModelManifest(
+        name=task.model_name or job_name or "model",
+        artifact=artifact,
+        format=fmt,
+        metrics=clean_metrics(metrics),
+        signature=signature,
+        code_version=code_version(reference.partition(":")[0]),
+        description=task.description,
+        quantized=task.quantize,
+    )
+    manifest.write(settings.output_dir)
+    print(f"exported {manifest.name} as {fmt} ({artifact})", flush=True)
+
+
+def _mean_loss(task: Task, module: torch.nn.Module, ctx: DataContext, options: Any) -> float:
+    assert task.eval_dataset is not None
+    device = next(module.parameters()).device
+    loader = DataLoader(task.eval_dataset(ctx), batch_size=options.micro_batch_size)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for inputs, targets in loader:
+            out = module(inputs.to(device))
+            total += float(task.loss(out, targets.to(device))) * len(targets)
+            count += len(targets)
+    return total / max(count, 1)
+
+
+def _first_inputs(trainer: Trainer) -> Any:
+    # two samples: a batch of one would fix the exported batch dimension to 1
+    dataset: Any = trainer.dataset
+    samples = [dataset[i][0] for i in range(min(2, len(dataset)))]
+    if samples and all(isinstance(s, torch.Tensor) for s in samples):
+        return torch.stack(samples)
+    raise ConfigError(
+        "cannot derive an example input for the exported model",
+        hint="give the task an example_input() returning one batch of inputs",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; see the module docstring for the exit codes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(__doc__)
+        return 0 if argv else EXIT_CONFIG
+    try:
+        settings = load_settings(WorkerSettings)
+        return run(argv[0], argv[1:], settings)
+    except BudgetExceeded as exc:
+        print(f"gantry: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BUDGET
+    except GantryError as exc:
+        print(f"gantry: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except Exception:  # the user's code: show their traceback, as Python would
+        traceback.print_exc()
+        sys.stderr.flush()
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: gloo's threads can abort it (see trainer)

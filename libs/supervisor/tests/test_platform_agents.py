@@ -124,7 +124,7 @@ def test_local_agents_are_named_after_the_host_or_numbered_and_share_the_machine
     assert local_agents(0) == []
     assert "--gpus" not in one.argv() and "--cpus" not in one.argv()
     argv = two[0].argv()
-    assert argv[1:7] == ["-m", "gantry.testing.agent", "--node", "local-1", "--pool", "default"]
+    assert argv[1:7] == ["-m", "gantry.training_agent", "--node", "local-1", "--pool", "default"]
     flags = dict(zip(argv[7::2], argv[8::2], strict=True))
     assert flags["--gpus"] == "4" and flags["--gpu-model"] == "A100"
     assert float(flags["--cpus"]) * 2 <= (os.cpu_count() or 1)

@@ -3,7 +3,7 @@
 :class:`Agents` plays node agents in-process: it publishes real, signed ``gantry.node.*`` and
 ``gantry.job.workers`` events over NATS exactly as the training agent does, so tests control
 every report's timing. End-to-end tests also run the real agent processes
-(:mod:`gantry.testing.agent`).
+(:mod:`gantry.training_agent`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,19 @@ from typing import Any
 
 import grpc
 import nats
+import nats.errors
 import orjson
 import pytest
 
 from gantry.core import NatsSettings
 from gantry.events import Bus, EventEnvelope, Publisher
-from gantry.events.catalog import GpuDevice, JobWorkersReported, NodeHeartbeat, NodeRegistered
+from gantry.events.catalog import (
+    GpuDevice,
+    JobProgress,
+    JobWorkersReported,
+    NodeHeartbeat,
+    NodeRegistered,
+)
 from gantry.protos.v1 import scheduler_pb2 as pb
 from gantry.protos.v1 import scheduler_pb2_grpc as pb_grpc
 from gantry.scheduler.app import SchedulerService
@@ -99,6 +106,8 @@ class Agents:
         rack: str = "",
         cpus: int = 64,
         boot: str = "boot-1",
+        address: str = "",
+        worker_slots: str = "gpu",
     ) -> None:
         self.nodes.append(node)
         await self.send(
@@ -112,6 +121,8 @@ class Agents:
                 labels={"rack": rack} if rack else {},
                 heartbeat_s=0.2,
                 agent=f"test-agent/{boot}",
+                address=address,
+                worker_slots=worker_slots,
             ),
             node,
         )
@@ -125,7 +136,7 @@ class Agents:
 
     async def report(
         self, job: pb.Job, status: str, *, node: str = "", workers: list[int] | None = None,
-        exit_code: int = 0, message: str = "",
+        exit_code: int = 0, message: str = "", step: int = 0, restarts: int = 0, model: str = "",
     ) -> None:  # fmt: skip
         """Report ``status`` for the job's workers, per node (all its nodes by default)."""
         by_node: dict[str, list[int]] = {}
@@ -143,9 +154,20 @@ class Agents:
                     status=status,  # type: ignore[arg-type]
                     exit_code=exit_code,
                     message=message,
+                    step=step,
+                    restarts=restarts,
+                    model=model,
                 ),
                 job.id,
             )
+
+    async def progress(self, job: pb.Job, step: int, *, attempt: int = 0, **fields: Any) -> None:
+        """Report the training's progress as rank 0's agent does (current attempt by default)."""
+        await self.send(
+            "gantry.metrics.job.progress",
+            JobProgress(job_id=job.id, attempt=attempt or job.attempt, step=step, **fields),
+            job.id,
+        )
 
 
 @dataclass
@@ -269,6 +291,28 @@ async def sched(tmp_path: Path, nats_url: str) -> AsyncIterator[Running]:
     """The service on SQLite."""
     async with running(scheduler_settings(tmp_path / "data", nats_url)) as r:
         yield r
+
+
+async def dead_letter_reasons(
+    nats_url: str, subject: str, count: int, *, wait_s: float = 10.0
+) -> list[str]:
+    """The reasons of the first ``count`` dead letters on ``subject`` (waits for them)."""
+    nc = await nats.connect(nats_url)
+    try:
+        sub = await nc.jetstream().pull_subscribe(subject, durable=None)
+        reasons: list[str] = []
+        async with asyncio.timeout(wait_s):
+            while len(reasons) < count:
+                try:
+                    msgs = await sub.fetch(count - len(reasons), timeout=0.5)
+                except nats.errors.TimeoutError:
+                    continue
+                for m in msgs:
+                    reasons.append((m.headers or {}).get("Gantry-Dead-Reason", ""))
+                    await m.ack()
+        return reasons
+    finally:
+        await nc.close()
 
 
 class EventTap:

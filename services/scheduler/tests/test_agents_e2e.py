@@ -1,4 +1,4 @@
-"""The scheduler with real node agent processes (:mod:`gantry.testing.agent`): workers are real
+"""The scheduler with real node agent processes (:mod:`gantry.training_agent`): workers are real
 subprocesses with RANK/WORLD_SIZE, their output comes back as job logs, and a SIGKILLed agent is
 a lost node whose job resumes from its checkpoint on the other node."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gantry.protos.v1 import scheduler_pb2 as pb
-from gantry.testing.agent import spawn_agent
+from gantry.testing.agents import spawn_agent
 
 from .conftest import Running, running, scheduler_settings
 

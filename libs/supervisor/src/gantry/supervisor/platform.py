@@ -4,7 +4,7 @@ agents, supervised.
 :class:`Platform` starts a :class:`~gantry.supervisor.nats_server.NatsServer` under
 ``<data_dir>/nats``, then each service as a child process ``python -m gantry.<service>``
 (services are never imported here), then each :class:`LocalAgent` as a node agent process
-``python -m gantry.testing.agent`` named ``agent-<node>``. Every child's stdout and stderr are
+``python -m gantry.training_agent`` named ``agent-<node>``. Every child's stdout and stderr are
 merged into one log stream, each line prefixed with the child's name. A service is ready when
 it has written ``<data_dir>/run/<service>.json`` with its own pid and its gRPC health check
 answers SERVING; a node agent is ready when it logs that it registered its node and is ready
@@ -46,8 +46,8 @@ from gantry.supervisor.nats_server import NatsServer, port_is_free
 DEFAULT_NATS_PORT = 4222
 #: The services ``gantry up`` runs, in start order.
 DEFAULT_SERVICES = ("audit", "governance", "scheduler")
-#: The node agent module local agents run (the test agent until the training agent exists).
-AGENT_MODULE = "gantry.testing.agent"
+#: The node agent module local agents run.
+AGENT_MODULE = "gantry.training_agent"
 #: What a node agent logs once its node is registered and it takes placements.
 AGENT_READY = "node agent ready"
 _TAIL_LINES = 40

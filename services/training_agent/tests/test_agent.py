@@ -1,4 +1,4 @@
-"""The test node agent against a real nats-server: the test plays the scheduler's part.
+"""The node agent against a real nats-server: the test plays the scheduler's part.
 
 It publishes signed ``gantry.job.scheduled`` / ``gantry.job.stop.requested`` events and reads
 what the agent publishes through a plain subscription on ``gantry.>``.
@@ -34,21 +34,12 @@ from gantry.events.catalog import (
 )
 from gantry.security.keyring import Keyring
 from gantry.supervisor import NatsServer
-from gantry.testing.agent import (
-    SCHEDULER_SOURCE,
-    AgentOptions,
-    AgentSettings,
-    NodeAgent,
-    NodeInventory,
-    build_parser,
-    declared_gpus,
-    inventory_from_args,
-    main,
-    master_port,
-    worker_command,
-    worker_environment,
-)
-from gantry.testing.agent import spawn_agent as spawn_agent_process
+from gantry.testing.agents import spawn_agent as spawn_agent_process
+from gantry.training_agent.__main__ import build_parser, inventory_from_args, main
+from gantry.training_agent.agent import SCHEDULER_SOURCE, NodeAgent
+from gantry.training_agent.inventory import NodeInventory, declared_gpus
+from gantry.training_agent.launch import master_port, worker_command, worker_environment
+from gantry.training_agent.settings import AgentOptions, AgentSettings
 
 HEARTBEAT_S = 0.2
 NODE = "n1"
@@ -438,28 +429,42 @@ def test_worker_environment_without_an_agent(tmp_path: Path) -> None:
         job.placements[1],
         local_rank=0,
         local_world_size=1,
-        checkpoint_dir=tmp_path,
+        job_dir=tmp_path,
+        output_dir=tmp_path / "out",
+        resume=job.resume,
+        cuda_mps=True,
         base={"PATH": "/bin", "GANTRY_RESUME": "stale"},
     )
     assert env["GANTRY_RESUME"] == "1"
     assert env["GANTRY_JOB_ID"] == "j-1" and env["GANTRY_ATTEMPT"] == "3"
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("1", "2", "0")
     assert env["MASTER_ADDR"] == "127.0.0.1"
-    assert env["MASTER_PORT"] == str(master_port("j-1"))
+    assert env["MASTER_PORT"] == str(master_port(job))
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["GANTRY_GPU_MILLI"] == "500"
+    # half a GPU: a memory cap for the runtime and, under MPS, half the compute
+    assert env["GANTRY_GPU_MEMORY_FRACTION"] == "0.500"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert env["GANTRY_JOB_SPEC"] == str(tmp_path / "spec.json")
     assert env["GANTRY_CHECKPOINT_DIR"] == str(tmp_path)
     assert env["PATH"] == "/bin"
     first = worker_environment(
-        job.model_copy(update={"resume": False}),
+        job.model_copy(update={"resume": False, "master_addr": "10.0.0.5", "master_port": 23456}),
         job.placements[0],
         local_rank=0,
         local_world_size=1,
-        checkpoint_dir=tmp_path,
+        job_dir=tmp_path,
+        output_dir=tmp_path / "out",
+        resume=False,
+        restarts=1,
         base={"GANTRY_RESUME": "stale"},
     )
     assert "GANTRY_RESUME" not in first
     assert first["CUDA_VISIBLE_DEVICES"] == "2,3" and first["GANTRY_GPU_MILLI"] == "2000"
-    assert 20000 <= master_port("j-1") < 30000
+    assert "GANTRY_GPU_MEMORY_FRACTION" not in first  # whole GPUs: no cap
+    assert first["MASTER_ADDR"] == "10.0.0.5"
+    # the scheduler's port, moved on by a restart so the new gang never meets the old socket
+    assert first["MASTER_PORT"] == str(23456 + 7)
+    assert 20000 <= master_port(job) < 30000
 
 
 def test_worker_command_from_the_spec() -> None:
@@ -467,7 +472,15 @@ def test_worker_command_from_the_spec() -> None:
     assert worker_command(module) == [sys.executable, "-m", "train", "--epochs", "3"]
     command = {"entrypoint": {"command": "python train.py", "args": ["-v"]}}
     assert worker_command(command) == ["python", "train.py", "-v"]
-    with pytest.raises(Exception, match="exactly one of module or command"):
+    task = {"entrypoint": {"task": "my_job:task", "args": ["epochs=2"]}}
+    assert worker_command(task) == [
+        sys.executable,
+        "-m",
+        "gantry.training.run",
+        "my_job:task",
+        "epochs=2",
+    ]
+    with pytest.raises(Exception, match="exactly one of task, module or command"):
         worker_command({"entrypoint": {"module": "a", "command": ["b"]}})
     with pytest.raises(Exception, match="no entrypoint"):
         worker_command({})

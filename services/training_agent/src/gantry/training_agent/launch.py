@@ -1,0 +1,166 @@
+"""What a worker runs, and with which environment.
+
+A job whose ``spec.entrypoint`` names a ``task`` runs ``python -m gantry.training.run TASK
+ARGS`` (the training runtime); ``module`` and ``command`` entry points run as they are. Every
+worker gets the ``torchrun``-style rendezvous variables (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and Gantry's own (job, attempt, directories,
+resume flag, its GPUs and, for a fractional GPU, its memory cap and MPS compute share).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import signal
+import sys
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gantry.core import InvalidInput
+from gantry.events.catalog import JobScheduled, WorkerPlacement
+
+#: The module that runs a training task in a worker.
+RUNTIME_MODULE = "gantry.training.run"
+_PR_SET_PDEATHSIG = 1
+MILLI = 1000
+
+
+def worker_command(spec: Mapping[str, Any]) -> list[str]:
+    """The argv of a job's workers from its TrainingJob ``spec``."""
+    entry = spec.get("entrypoint")
+    if not isinstance(entry, Mapping):
+        raise InvalidInput(
+            "job spec has no entrypoint",
+            hint="give spec.entrypoint as {task: my_job:task}, {module: train} or "
+            "{command: [python, train.py]}",
+        )
+    args = entry.get("args") or []
+    if isinstance(args, str) or not isinstance(args, Sequence):
+        raise InvalidInput("spec.entrypoint.args must be a list of strings")
+    task, module, command = entry.get("task"), entry.get("module"), entry.get("command")
+    if sum(map(bool, (task, module, command))) != 1:
+        raise InvalidInput("spec.entrypoint needs exactly one of task, module or command")
+    if task:
+        head = [sys.executable, "-m", RUNTIME_MODULE, str(task)]
+    elif module:
+        head = [sys.executable, "-m", str(module)]
+    elif isinstance(command, str):
+        head = shlex.split(command)
+    elif isinstance(command, Sequence):
+        head = [str(part) for part in command]
+    else:
+        raise InvalidInput("spec.entrypoint.command must be a list of strings or a string")
+    return [*head, *(str(a) for a in args)]
+
+
+def master_port(job: JobScheduled, restarts: int = 0) -> int:
+    """The rendezvous port: the scheduler's for the attempt (or one derived from the job id),
+    moved on by each restart so a restarted gang never meets the previous one's socket."""
+    base = job.master_port or 20000 + zlib.crc32(job.job_id.encode()) % 10000
+    return 20000 + (base - 20000 + restarts * 7) % 10000
+
+
+def worker_environment(
+    job: JobScheduled,
+    placement: WorkerPlacement,
+    *,
+    local_rank: int,
+    local_world_size: int,
+    job_dir: Path,
+    output_dir: Path,
+    resume: bool,
+    restarts: int = 0,
+    cuda_mps: bool = False,
+    base: Mapping[str, str],
+) -> dict[str, str]:
+    """The environment of one worker: ``base`` plus the rendezvous and Gantry variables."""
+    env = dict(base)
+    gpu_milli = sum(milli for _, milli in placement.gpus)
+    env.update(
+        GANTRY_JOB_ID=job.job_id,
+        GANTRY_JOB_NAME=job.name,
+        GANTRY_ATTEMPT=str(job.attempt),
+        GANTRY_NODE=placement.node,
+        GANTRY_CHECKPOINT_DIR=str(job_dir),
+        GANTRY_OUTPUT_DIR=str(output_dir),
+        GANTRY_JOB_SPEC=str(job_dir / "spec.json"),
+        GANTRY_GPU_MILLI=str(gpu_milli),
+        GANTRY_RESTARTS=str(restarts),
+        CUDA_VISIBLE_DEVICES=",".join(str(index) for index, _ in placement.gpus),
+        RANK=str(placement.worker),
+        WORLD_SIZE=str(len(job.placements)),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(local_world_size),
+        MASTER_ADDR=job.master_addr or "127.0.0.1",
+        MASTER_PORT=str(master_port(job, restarts)),
+        PYTHONUNBUFFERED="1",
+    )
+    for name in (
+        "GANTRY_RESUME",
+        "GANTRY_GPU_MEMORY_FRACTION",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    ):
+        env.pop(name, None)
+    if resume:
+        env["GANTRY_RESUME"] = "1"
+    if placement.gpus and 0 < gpu_milli < MILLI * len(placement.gpus):
+        # a share of one device: cap its memory (the runtime applies it) and, under MPS,
+        # its compute
+        fraction = gpu_milli / (MILLI * len(placement.gpus))
+        env["GANTRY_GPU_MEMORY_FRACTION"] = f"{fraction:.3f}"
+        if cuda_mps:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(100 * fraction)))
+    return env
+
+
+def write_spec(job: JobScheduled, job_dir: Path) -> Path:
+    """Write the job's name and spec where the runtime reads them (``spec.json``)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    path = job_dir / "spec.json"
+    tmp = job_dir / ".spec.json.tmp"
+    tmp.write_text(json.dumps({"name": job.name, "job_id": job.job_id, "spec": job.spec}))
+    tmp.replace(path)
+    return path
+
+
+def read_step(job_dir: Path) -> int | None:
+    """The step of the last checkpoint the workers stored (``<job_dir>/step``), if any."""
+    try:
+        step = int((job_dir / "step").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return step if step >= 0 else None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook making a worker die with the agent (Linux ``PR_SET_PDEATHSIG``): a
+    SIGKILLed agent is a lost node, and a lost node's workers are gone too."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the agent died before the hook ran
+            os._exit(1)
+
+    return hook
+
+
+__all__ = [
+    "RUNTIME_MODULE",
+    "die_with_parent",
+    "master_port",
+    "read_step",
+    "worker_command",
+    "worker_environment",
+    "write_spec",
+]

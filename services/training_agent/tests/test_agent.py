@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,7 +206,13 @@ class Env:
         return AgentSettings(
             data_dir=self.data_dir,
             nats=NatsSettings(url=self.nats_url, reconnect_wait_s=0.1),
-            agent=AgentOptions(heartbeat_s=HEARTBEAT_S, log_flush_s=0.1, shutdown_grace_s=5),
+            agent=AgentOptions(
+                heartbeat_s=HEARTBEAT_S,
+                log_flush_s=0.1,
+                shutdown_grace_s=5,
+                progress_interval_s=0.2,
+                restart_backoff_s=0.2,
+            ),
         )
 
     def checkpoint_dir(self, job: JobScheduled) -> Path:
@@ -632,3 +638,153 @@ async def test_a_sigtermed_agent_stops_its_workers_and_exits_cleanly(env: Env) -
             proc.kill()
             proc.wait()
     assert env.watch.statuses(job.job_id) == ["started", "checkpointed", "stopped"]
+
+
+# -- real training tasks: the runtime under the agent ----------------------------------------
+
+#: A small regression task: deterministic data, two workers split it; ``steps`` sets its length.
+TASK = textwrap.dedent(
+    """
+    import torch
+    from gantry.training import Task
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def dataset(ctx):
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(256, 8, generator=g)
+        y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(256, 1, generator=g)
+        return torch.utils.data.TensorDataset(x, y)
+
+    task = Task(model=model, loss=torch.nn.functional.mse_loss, dataset=dataset,
+                options={"micro_batch_size": 16, "lr": 0.01, "epochs": 2})
+    """
+)
+
+
+def task_job(
+    scheduler: Scheduler, *, workers: int = 2, args: Sequence[str] = (), **kw: Any
+) -> JobScheduled:
+    job = scheduler.job("", workers=workers, **kw)
+    placements = [WorkerPlacement(worker=p.worker, node=p.node) for p in job.placements]
+    spec = {
+        "entrypoint": {"task": "agenttask:task", "args": list(args)},
+        "training": {"checkpointInterval": 1},
+    }
+    return job.model_copy(update={"placements": placements, "spec": spec, "name": "regress"})
+
+
+@pytest.fixture
+def task_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``agenttask`` importable by the workers the agent starts."""
+    root = tmp_path / "code"
+    root.mkdir()
+    (root / "agenttask.py").write_text(TASK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    return root
+
+
+def final_loss(watch: Watch, job_id: str) -> float:
+    [line] = [ln for ln in watch.log_lines(job_id) if ln.startswith("finished after")]
+    return float(line.split("final_loss=")[1].split(",")[0])
+
+
+async def test_a_task_trains_on_two_workers_with_progress_and_step_metrics(
+    env: Env, agent: NodeAgent, task_module: Path
+) -> None:
+    job = task_job(env.scheduler)
+    await env.scheduler.schedule(job)
+    await env.watch.report(job.job_id, "succeeded", wait_s=120)
+    progress = [e.data for e in env.watch.of("gantry.metrics.job.progress", job_id=job.job_id)]
+    assert progress, "no progress events"
+    steps = [p["step"] for p in progress]
+    assert steps == sorted(steps) and steps[-1] == progress[-1]["total_steps"] == 16
+    assert all(p["samples_per_s"] > 0 for p in progress[1:])
+    windows = env.watch.of("gantry.metrics.job.step", job_id=job.job_id)
+    assert {w.data["worker"] for w in windows} == {0, 1}
+    assert all(w.data["samples"] > 0 and w.data["step_ms"] > 0 for w in windows)
+    assert sum(w.data["samples"] for w in windows) == 16 * 16 * 2  # 16 steps, 2 ranks
+    assert final_loss(env.watch, job.job_id) < 1.0
+    notes = env.watch.log_lines(job.job_id, "gantry")
+    assert any("model not registered: no governance service" in n for n in notes)
+
+
+async def test_a_killed_worker_restarts_the_gang_from_its_checkpoint(
+    env: Env, agent: NodeAgent, task_module: Path
+) -> None:
+    reference = task_job(env.scheduler, args=["epochs=20"])
+    await env.scheduler.schedule(reference)
+    await env.watch.report(reference.job_id, "succeeded", wait_s=180)
+    expected = final_loss(env.watch, reference.job_id)
+
+    job = task_job(env.scheduler, args=["epochs=20"])
+    await env.scheduler.schedule(job)
+    job_dir = env.checkpoint_dir(job)
+    async with asyncio.timeout(120):  # a checkpoint is stored (interval 1 s)
+        while not (job_dir / "step").exists():
+            await asyncio.sleep(0.05)
+    worker = agent._attempts[(job.job_id, 1)].workers[1]
+    os.kill(worker.process.pid, signal.SIGKILL)
+    restarted = await env.watch.report(job.job_id, "restarted", wait_s=30)
+    assert restarted["restarts"] == 1 and restarted["step"] > 0
+    await env.watch.report(job.job_id, "succeeded", wait_s=180)
+    assert final_loss(env.watch, job.job_id) == pytest.approx(expected, rel=1e-3)
+    notes = env.watch.log_lines(job.job_id, "gantry")
+    assert any("restarting the workers from the checkpoint of step" in n for n in notes)
+
+
+async def test_preempted_twice_then_finishes_from_its_checkpoints(
+    env: Env, agent: NodeAgent, task_module: Path
+) -> None:
+    job = task_job(env.scheduler, args=["epochs=20"])
+    stopped_at = []
+    for attempt in (1, 2):
+        current = job.model_copy(update={"attempt": attempt, "resume": attempt > 1})
+        await env.scheduler.schedule(current)
+        await env.watch.until(
+            "gantry.metrics.job.progress", 2, job_id=job.job_id, attempt=attempt, wait_s=60
+        )
+        await env.scheduler.stop(current, grace_s=30)
+        [checkpointed] = await env.watch.until(
+            "gantry.job.workers",
+            job_id=job.job_id,
+            status="checkpointed",
+            attempt=attempt,
+            wait_s=30,
+        )
+        stopped_at.append(checkpointed.data["step"])
+        await env.watch.until(
+            "gantry.job.workers", job_id=job.job_id, status="stopped", attempt=attempt, wait_s=30
+        )
+    assert 0 < stopped_at[0] < stopped_at[1]
+    final = job.model_copy(update={"attempt": 3, "resume": True})
+    await env.scheduler.schedule(final)
+    first = await env.watch.until(
+        "gantry.metrics.job.progress", job_id=job.job_id, attempt=3, wait_s=60
+    )
+    assert first[0].data["step"] > stopped_at[1]  # resumed, not restarted from 0
+    await env.watch.report(job.job_id, "succeeded", wait_s=180)
+
+
+async def test_an_entry_point_that_does_not_import_fails_fast_with_the_users_error(
+    env: Env, agent: NodeAgent, task_module: Path
+) -> None:
+    (task_module / "broken.py").write_text("import torch\nraise RuntimeError('bad config: lr')\n")
+    job = task_job(env.scheduler, workers=1)
+    job = job.model_copy(update={"spec": {"entrypoint": {"task": "broken:task"}}})
+    started = time.monotonic()
+    await env.scheduler.schedule(job)
+    failed = await env.watch.report(job.job_id, "failed", wait_s=60)
+    assert time.monotonic() - started < 60
+    assert failed["exit_code"] == 1 and "bad config: lr" in failed["message"]
+    assert "restarted" not in env.watch.statuses(job.job_id)
+    assert any(
+        "RuntimeError: bad config: lr" in ln for ln in env.watch.log_lines(job.job_id, "stderr")
+    )
+
+    missing = task_job(env.scheduler, workers=1)
+    missing = missing.model_copy(update={"spec": {"entrypoint": {"task": "nosuch_module:task"}}})
+    await env.scheduler.schedule(missing)
+    failed = await env.watch.report(missing.job_id, "failed", wait_s=60)
+    assert "No module named 'nosuch_module'" in failed["message"]

@@ -9,7 +9,10 @@ when asking for it raw (:mod:`gantry.client.demo_data`). Then the scheduling sto
 (:mod:`gantry.client.demo_jobs`): a 2-worker training job on that version runs only in the
 trusted pool, a retried submit returns the same job, and a high-priority job preempts a
 low-priority one, which resumes from its checkpoint; the job table, placements, GPU-hours by
-user and one job's logs are printed. An outside service, ``feature-store``, reports 1,000
+user and one job's logs are printed. Then training for real (:mod:`gantry.client.demo_training`):
+the tabular example trains on 2 workers on the governed ``churn`` table, is preempted by a
+high-priority job, resumes from its checkpoint, finishes, and its model appears in the registry
+with its lineage. An outside service, ``feature-store``, reports 1,000
 reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then, as an
 auditor: waits until the log holds everything, counts the events with a query, prints the
 access report for ``dataset/customers`` (the refused raw read among them), waits for a signed
@@ -48,6 +51,7 @@ from gantry.client.demo_data import (
     samples_table,
 )
 from gantry.client.demo_jobs import AGENTS, SCHEDULER_ENV, JobsSummary, jobs_story
+from gantry.client.demo_training import TrainingSummary, training_story
 from gantry.client.errors import RemoteNotFound
 from gantry.core import (
     CommonSettings,
@@ -80,6 +84,7 @@ class Summary:
     emitted: int = 0
     data: DataSummary | None = None
     jobs: JobsSummary | None = None
+    training: TrainingSummary | None = None
     denied_in_report: int = 0
     in_log: int = 0
     report_rows: int = 0
@@ -206,6 +211,13 @@ def run(
             console,
             version=summary.data.version,
         )
+        summary.training = training_story(
+            platform.address("scheduler"),
+            platform.address("governance"),
+            data_dir,
+            steps.step,
+            console,
+        )
         with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
             _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
         with steps.step(f"{count:,} signed {EVENT_TYPE} events emitted"):
@@ -297,6 +309,17 @@ def _summary_table(summary: Summary) -> Table:
         table.add_row("raw read by ml-developer", f"refused, {summary.denied_in_report} in report")
     if summary.jobs is not None:
         _jobs_rows(table, summary.jobs)
+    t = summary.training
+    if t is not None and t.model is not None:
+        accuracy = t.model.metrics.get("accuracy")
+        table.add_row(
+            "churn-model (2 workers, real training)",
+            f"preempted at step {t.preempted_at_step}, resumed at {t.resumed_at_step}"
+            + (f"; held-out accuracy {accuracy:.3f}" if accuracy is not None else ""),
+        )
+        table.add_row(
+            "registered model", f"{t.model.name} v{t.model.version}, lineage to its job and data"
+        )
     table.add_row("events emitted by feature-store (signed)", f"{summary.emitted:,}")
     table.add_row("events in the audit log", f"{summary.in_log:,}")
     table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")

@@ -155,7 +155,14 @@ class GovernedDataset(IterableDataset[Any]):
         s = settings or load_settings(DataSettings)
         address, token, grant = s.require()
         source: ShardSource = GovernanceShardSource(
-            address, token, dataset, version, grant, view=view, purpose=purpose
+            address,
+            token,
+            dataset,
+            version,
+            grant,
+            view=view,
+            purpose=purpose,
+            grant_file=str(s.data_grant_file or ""),
         )
         if cache is None and s.data_cache_dir is not None:
             cache = NodeCache(s.data_cache_dir, s.data_cache_bytes)

@@ -57,6 +57,7 @@ class GovernanceShardSource:
         timeout_s: float = 300.0,
         retries: int = 3,
         retry_backoff_s: float = 0.5,
+        grant_file: str = "",
     ) -> None:
         if not address:
             raise InvalidInput("no governance address", hint="set GANTRY_GOVERNANCE_ADDR")
@@ -79,6 +80,8 @@ class GovernanceShardSource:
         self.retry_backoff_s = retry_backoff_s
         self._token = token
         self._grant = grant
+        self.grant_file = grant_file
+        self._grant_mtime = 0.0
         self._columns: list[pb.Column] | None = None
         self._policy_version = 0
         self._channel: grpc.Channel | None = None
@@ -116,6 +119,20 @@ class GovernanceShardSource:
             f"version={self.version!r}, view={self.view!r})"
         )
 
+    def _current_grant(self) -> str:
+        """The grant to send: ``grant_file``'s content when the node agent renewed it there."""
+        if self.grant_file:
+            try:
+                mtime = os.stat(self.grant_file).st_mtime
+                if mtime != self._grant_mtime:
+                    with open(self.grant_file, encoding="utf-8") as fh:
+                        token = fh.read().strip()
+                    if token:
+                        self._grant, self._grant_mtime = token, mtime
+            except OSError:
+                pass  # the agent rewrites it atomically; the last token read stays valid
+        return self._grant
+
     def _resource(self) -> str:
         return f"dataset {self.dataset!r} version {self.version[:12] or 'head'!r}"
 
@@ -139,7 +156,7 @@ class GovernanceShardSource:
     def list_shards(self) -> list[ShardRef]:
         """The version's shards; pins the resolved version and view for later reads."""
         request = pb.ListShardsRequest(
-            dataset=self.dataset, version=self.version, grant=self._grant
+            dataset=self.dataset, version=self.version, grant=self._current_grant()
         )
         metadata = self._metadata()
         reply = self._call(
@@ -164,7 +181,7 @@ class GovernanceShardSource:
             version=self.version,
             view=self.view,
             shards=[shard_id],
-            grant=self._grant,
+            grant=self._current_grant(),
             purpose=self.purpose,
         )
         metadata = self._metadata()

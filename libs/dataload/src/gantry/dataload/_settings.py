@@ -18,6 +18,11 @@ class DataSettings(CommonSettings):
     data_grant: str | None = Field(
         default=None, description="The job's read grant token, issued by governance for the job."
     )
+    data_grant_file: Path | None = Field(
+        default=None,
+        description="A file holding the job's current grant token: the node agent rewrites it "
+        "when it renews the grant, and readers send what it holds.",
+    )
     governance_addr: str | None = Field(
         default=None, description="host:port of the data-governance gRPC API."
     )

@@ -231,7 +231,7 @@ class Training(_Model):
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     gradient_accumulation: int = Field(default=1, ge=1, le=1024, alias="gradientAccumulation")
     compression: Literal["none", "fp16", "int8", "int4", "powersgd"] = "none"
-    checkpoint_interval_s: int = Field(default=600, ge=10, alias="checkpointInterval")
+    checkpoint_interval_s: int = Field(default=600, ge=1, alias="checkpointInterval")
     privacy: Privacy | None = None
 
     @field_validator("checkpoint_interval_s", mode="before")

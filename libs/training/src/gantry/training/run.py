@@ -63,6 +63,7 @@ class WorkerSettings(CommonSettings):
 def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
     """Train the task at ``reference``; the process exit code."""
     env = WorkerEnv.from_environ()
+    _cap_gpu_memory()
     spec, name = read_spec()
     task = load_task(reference)
     options = options_for(task, spec, parse_overrides(args))
@@ -100,6 +101,22 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
         reporter.close()
         if checkpoints is not None:
             checkpoints.close()
+
+
+def _cap_gpu_memory() -> None:
+    """A fractional-GPU worker keeps to its share of the device's memory
+    (``GANTRY_GPU_MEMORY_FRACTION``, set by the node agent)."""
+    raw = os.environ.get("GANTRY_GPU_MEMORY_FRACTION", "").strip()
+    if not raw or not torch.cuda.is_available():
+        return
+    try:
+        fraction = float(raw)
+    except ValueError:
+        raise ConfigError(f"GANTRY_GPU_MEMORY_FRACTION={raw!r} is not a number") from None
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"GANTRY_GPU_MEMORY_FRACTION={raw} is not within (0, 1]")
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    print(f"gpu memory capped at {fraction:.0%} of the device (fractional GPU)", flush=True)
 
 
 def _finish(

@@ -109,8 +109,17 @@ class DataContext:
         from gantry.dataload import DataSettings, GovernanceShardSource, decode_shard
 
         use = self.use(dataset)
-        address, token, grant = load_settings(DataSettings).require()
-        source = GovernanceShardSource(address, token, dataset, use.version, grant, view=use.view)
+        settings = load_settings(DataSettings)
+        address, token, grant = settings.require()
+        source = GovernanceShardSource(
+            address,
+            token,
+            dataset,
+            use.version,
+            grant,
+            view=use.view,
+            grant_file=str(settings.data_grant_file or ""),
+        )
         try:
             parts = [decode_shard(source.fetch(ref.id)) for ref in source.list_shards()]
         finally:
@@ -159,7 +168,8 @@ class DataContext:
             values = table.column(name).to_numpy(zero_copy_only=False)
             columns.append(torch.as_tensor(values.astype("float32")))
         x = torch.stack(columns, dim=1)
-        y = torch.as_tensor(table.column(label).to_numpy(zero_copy_only=False)).to(label_dtype)
+        # a copy: Arrow's zero-copy view is read-only, and a tensor over it would alias it
+        y = torch.tensor(table.column(label).to_numpy(zero_copy_only=False)).to(label_dtype)
         return TensorDataset(x, y)
 
 

@@ -413,6 +413,7 @@ class NodeAgent:
         attempt.stepped = False
         attempt.output_dir.mkdir(parents=True, exist_ok=True)
         base = dict(os.environ)
+        base["GANTRY_DATA_DIR"] = str(self.settings.worker_data_dir)
         if attempt.grant is not None:
             base["GANTRY_DATA_GRANT"] = attempt.grant.token
             base["GANTRY_DATA_GRANT_FILE"] = str(attempt.job_dir / "grant")

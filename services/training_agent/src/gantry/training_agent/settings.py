@@ -78,6 +78,13 @@ class AgentOptions(BaseModel):
         description="Address other nodes reach this one at (gang rendezvous); empty = the "
         "local address of the route to the NATS server.",
     )
+    worker_data_dir: Path | None = Field(
+        default=None,
+        description="GANTRY_DATA_DIR of the workers: their checkpoint store and its key live "
+        "here, apart from the services' keys and data (workers read data only through their "
+        "grant). Default <data_dir>/workers, shared by the agents of one machine so a job "
+        "resumes on any of them; on a cluster point GANTRY_STORAGE__* at a shared bucket.",
+    )
     cuda_mps: bool = Field(
         default=False,
         description="The node runs the CUDA MPS daemon: fractional-GPU workers get a compute "
@@ -95,6 +102,11 @@ class AgentSettings(CommonSettings):
     def keys_dir(self) -> Path:
         """Where key files live (created by ``gantry admin init``)."""
         return self.data_dir / "keys"
+
+    @property
+    def worker_data_dir(self) -> Path:
+        """The workers' data directory (their checkpoint store and its key)."""
+        return self.agent.worker_data_dir or self.data_dir / "workers"
 
     @property
     def checkpoint_root(self) -> Path:

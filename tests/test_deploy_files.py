@@ -66,8 +66,9 @@ def _resolves(model: type, path: list[str]) -> bool:
 def test_every_service_is_in_compose_with_settings_it_understands() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
     for service in sorted(p.name for p in (ROOT / "services").iterdir() if p.is_dir()):
-        assert service in compose, f"compose.yaml has no {service} service"
-        env = compose[service]["environment"]
+        name = service.replace("_", "-")  # package training_agent, service training-agent
+        assert name in compose, f"compose.yaml has no {name} service"
+        env = compose[name]["environment"]
         settings = _settings_class(service)
         for key in env:
             assert key.startswith("GANTRY_"), key
@@ -91,4 +92,5 @@ def test_images_install_every_gantry_library_a_service_needs() -> None:
 def test_nats_config_has_a_user_for_every_service() -> None:
     conf = (ROOT / "deploy/nats/nats-server.conf").read_text()
     for service in (ROOT / "services").iterdir():
-        assert f"user: {service.name}" in conf, service.name
+        name = service.name.replace("_", "-")
+        assert f"user: {name}" in conf, name

@@ -9,8 +9,9 @@ COPY constraints.txt ./
 COPY libs/ libs/
 COPY services/${SERVICE}/ services/${SERVICE}/
 RUN pip install --no-cache-dir -c constraints.txt \
-        ./libs/core ./libs/events ./libs/security ./libs/protos ./libs/storage ./libs/sched ./services/${SERVICE} \
+        ./libs/core ./libs/events ./libs/security ./libs/protos ./libs/storage ./libs/sched \
+        ./libs/dataload ./libs/client ./libs/training ./services/${SERVICE} \
     && useradd --system --uid 10001 gantry && mkdir -p /var/lib/gantry && chown gantry /var/lib/gantry
 USER gantry
 ENV SERVICE=${SERVICE}
-ENTRYPOINT ["sh", "-c", "exec python -m gantry.${SERVICE}"]
+ENTRYPOINT ["sh", "-c", "exec python -m gantry.${SERVICE} \"$@\"", "--"]

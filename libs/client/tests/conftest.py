@@ -337,7 +337,7 @@ class FakeGovernance(pb_grpc.GovernanceServiceServicer):
             bytes=len(data), framework=start.framework, job_id=start.job_id,
             metrics=start.metrics, signature_json=start.signature_json, registered_by=caller,
             created_ms=1_767_225_600_000, trained_on=start.trained_on,
-            description=start.description,
+            description=start.description, code_version=start.code_version,
         )  # fmt: skip
         self.models.append((model, data))
         return model

@@ -344,6 +344,7 @@ def test_parse_time() -> None:
 # ---------------------------------------------------------------------- demo
 
 
+@pytest.mark.timeout(480)
 def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gantry.client import demo
 
@@ -359,6 +360,11 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "eval-high preempted sweep-low" in out and "resumed at step" in out
     assert "usage by user" in out and "rita-researcher" in out
     assert "w1| rank 1 of 2 on onprem-1" in out and "w0| step 6/6 loss" in out
+    # training for real: preempted, resumed from its checkpoint, registered with lineage
+    assert "churn-model preempted: checkpointed at step" in out
+    assert "churn-model resumed from its checkpoint" in out
+    assert "its agent registered model churn-classifier:" in out
+    assert "registered model and its lineage" in out and "dev-engineer" in out
 
 
 def test_verify_reports_a_tampered_log(tmp_path: Path, gantry: Gantry) -> None:

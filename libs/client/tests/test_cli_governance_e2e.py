@@ -146,10 +146,12 @@ def test_models_through_the_cli(gantry: Run, tmp_path: Path) -> None:
     artifact = tmp_path / "model.pt"
     artifact.write_bytes(b"weights" * 10_000)
     reg = gantry("models", "register", "churn", artifact, "--framework", "pytorch",
-                 "--metric", "auc=0.9", token=developer)  # fmt: skip
+                 "--metric", "auc=0.9", "--code-version", "3f2a9c81", token=developer)  # fmt: skip
     assert reg.code == 0, reg.err
     listed = gantry("models", "list", token=developer)
     assert listed.code == 0 and "churn" in listed.out
+    shown = gantry("models", "show", "churn", token=developer)
+    assert shown.code == 0 and "code version 3f2a9c81" in shown.out
     dest = tmp_path / "back.pt"
     got = gantry("models", "download", "churn", dest, token=developer)
     assert got.code == 0, got.err

@@ -275,16 +275,19 @@ def test_models_register_list_download(
     sent: list[int] = []
     model = client.register_model(
         "churn", artifact, framework="pytorch", job_id="job-7", metrics={"auc": 0.91},
-        signature={"inputs": ["x"]}, trained_on=[("customers", "abc")], progress=sent.append,
+        signature={"inputs": ["x"]}, trained_on=[("customers", "abc")], code_version="3f2a9c8",
+        progress=sent.append,
     )  # fmt: skip
     assert sent == [1 << 20, 1 << 20, len(artifact) - 2 * (1 << 20)]
     assert model.version == 1 and model.digest == hashlib.sha256(artifact).hexdigest()
     assert model.signature == {"inputs": ["x"]} and model.trained_on == (("customers", "abc"),)
+    assert model.code_version == "3f2a9c8"
     path = tmp_path / "model.pt"
     path.write_bytes(b"v2")
     assert client.register_model("churn", path, framework="pytorch").version == 2
     assert [m.version for m in client.list_models("churn")] == [1, 2]
-    assert client.get_model("churn").version == 2
+    assert client.get_model("churn").version == 2 and client.get_model("churn").code_version == ""
+    assert client.get_model("churn", 1).code_version == "3f2a9c8"
 
     dest = tmp_path / "out" / "churn.pt"
     got = client.download_model("churn", dest, version=1)

@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import nats
-import nats.errors
 import pytest
 
 from gantry.events import Bus, EventEnvelope, Publisher
@@ -34,6 +32,7 @@ from .conftest import (
     Agents,
     EventTap,
     Running,
+    dead_letter_reasons,
     incarnation,
     job_yaml,
     running,
@@ -101,28 +100,6 @@ async def _wait_node(r: Running, node: str, state: str, timeout: float = 10.0) -
     async with asyncio.timeout(timeout):
         while (await _node_states(r)).get(node) != state:
             await asyncio.sleep(0.05)
-
-
-async def _dead_letter_reasons(
-    nats_url: str, subject: str, count: int, *, wait_s: float = 10.0
-) -> list[str]:
-    """The reasons of the first ``count`` dead letters on ``subject`` (waits for them)."""
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().pull_subscribe(subject, durable=None)
-        reasons: list[str] = []
-        async with asyncio.timeout(wait_s):
-            while len(reasons) < count:
-                try:
-                    msgs = await sub.fetch(count - len(reasons), timeout=0.5)
-                except nats.errors.TimeoutError:
-                    continue
-                for m in msgs:
-                    reasons.append((m.headers or {}).get("Gantry-Dead-Reason", ""))
-                    await m.ack()
-        return reasons
-    finally:
-        await nc.close()
 
 
 def _snapshot(job: pb.Job) -> tuple[str, int, list[tuple[int, str, list[int]]]]:
@@ -479,13 +456,13 @@ async def test_events_from_the_wrong_source_or_key_are_dead_lettered_and_change_
             data=fake_node.model_dump(mode="json"),
         )
     )
-    workers = await _dead_letter_reasons(sched.nats_url, "gantry.deadletter.scheduler-workers", 4)
+    workers = await dead_letter_reasons(sched.nats_url, "gantry.deadletter.scheduler-workers", 4)
     assert len(workers) == 4
     assert any("not signed" in r for r in workers), workers
     assert any("bad event signature" in r for r in workers), workers
     assert any("sa-mallory" in r and "platform" in r for r in workers), workers
     assert any("'gantry/governance'" in r and "refused" in r for r in workers), workers
-    (node,) = await _dead_letter_reasons(sched.nats_url, "gantry.deadletter.scheduler-nodes", 1)
+    (node,) = await dead_letter_reasons(sched.nats_url, "gantry.deadletter.scheduler-nodes", 1)
     assert "'ext/mallory'" in node and "refused" in node
     job = await sched.get(job.id)
     assert job.state == "running" and job.attempt == 1

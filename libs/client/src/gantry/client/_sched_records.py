@@ -57,13 +57,56 @@ class JobEvent:
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """How far a job's training is: the latest progress its rank 0 reported.
+
+    ``total_steps`` is 0 when the training does not know it; ``loss`` and ``eta_s`` (seconds
+    left, as of ``updated_ms``) are None when it did not say. ``updated_ms`` is when it was
+    measured (Unix ms), ``attempt`` the attempt that reported it.
+    """
+
+    step: int
+    total_steps: int = 0
+    epoch: int = 0
+    loss: float | None = None
+    samples_per_s: float = 0.0
+    eta_s: float | None = None
+    updated_ms: int = 0
+    attempt: int = 0
+
+    @property
+    def fraction(self) -> float | None:
+        """Steps done of the total (0..1), or None when the total is unknown."""
+        if self.total_steps <= 0:
+            return None
+        return min(self.step / self.total_steps, 1.0)
+
+    @classmethod
+    def from_pb(cls, m: pb.Progress) -> JobProgress:
+        """From the protocol message."""
+        return cls(
+            step=m.step,
+            total_steps=m.total_steps,
+            epoch=m.epoch,
+            loss=m.loss if m.has_loss else None,
+            samples_per_s=m.samples_per_s,
+            eta_s=m.eta_s if m.has_eta else None,
+            updated_ms=m.updated_ms,
+            attempt=m.attempt,
+        )
+
+
+@dataclass(frozen=True)
 class JobInfo:
     """A training job as the scheduler sees it: its shape, state, placements and history.
 
     Times are Unix milliseconds (0 until they happen). ``gpu_milli`` is per worker;
     ``workers`` is how many run in the current attempt (an elastic job runs with
     ``min_replicas`` to ``replicas``). ``reason`` says why the job is in its state, e.g. why it
-    is still pending.
+    is still pending. ``progress`` is None until the training reported how far it is;
+    ``restarts`` counts the times node agents restarted crashed workers from a checkpoint
+    (the job ran on); ``model`` is the model version a successful job registered
+    (``name:version``).
     """
 
     id: str
@@ -88,6 +131,9 @@ class JobInfo:
     gpu_milli: int = 0
     predicted_runtime_s: float = 0.0
     pool: str = ""  #: pools the job may use, comma-separated ("" = any)
+    progress: JobProgress | None = None
+    restarts: int = 0
+    model: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +172,11 @@ class JobInfo:
             gpu_milli=m.gpu_milli,
             predicted_runtime_s=m.predicted_runtime_s,
             pool=m.pool,
+            progress=JobProgress.from_pb(m.progress)
+            if m.HasField("progress") and m.progress.updated_ms
+            else None,
+            restarts=m.restarts,
+            model=m.model,
         )
 
 
@@ -175,7 +226,9 @@ class Gpu:
 class NodeInfo:
     """A node: its pool, health, capacity and what is free of it, and the jobs on it.
 
-    ``state`` is ready, degraded or lost (``reason`` says why when not ready).
+    ``state`` is ready, degraded or lost (``reason`` says why when not ready). ``address``
+    is where other nodes reach it ("" = not registered); ``worker_slots`` is ``gpu``, or
+    ``cpu`` for a node without GPUs that runs workers on its CPUs.
     """
 
     name: str
@@ -190,6 +243,8 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     last_heartbeat_ms: int = 0
     jobs: tuple[str, ...] = ()
+    address: str = ""
+    worker_slots: str = "gpu"
 
     def gpus_by_model(self) -> dict[str, tuple[float, int]]:
         """Per GPU model: (free GPUs, counting shares as fractions; GPUs in all)."""
@@ -215,6 +270,8 @@ class NodeInfo:
             labels=dict(m.labels),
             last_heartbeat_ms=m.last_heartbeat_ms,
             jobs=tuple(m.jobs),
+            address=m.address,
+            worker_slots=m.worker_slots or "gpu",
         )
 
 
@@ -298,6 +355,7 @@ __all__ = [
     "Gpu",
     "JobEvent",
     "JobInfo",
+    "JobProgress",
     "LogLine",
     "NodeInfo",
     "QueueInfo",

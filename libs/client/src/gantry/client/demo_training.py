@@ -42,7 +42,7 @@ from gantry.core import IntegrityError, Unavailable
 
 TASK = "gantry.training.examples.tabular:task"
 JOB = "churn-model"
-ROWS = 6_000
+ROWS = 4_000
 #: Longest wait for one step of the chapter; the whole chapter takes about a minute on 2 cores.
 WAIT_S = 150.0
 POLICY = (

@@ -39,6 +39,7 @@ class ModelVersion:
     created_ms: int = 0
     trained_on: tuple[VersionRef, ...] = ()
     description: str = ""
+    code_version: str = ""  #: the code that trained it, e.g. a commit id ("" = not given)
 
     @property
     def signature(self) -> Any:
@@ -61,6 +62,7 @@ class ModelVersion:
             m.created_ms,
             tuple(VersionRef(v.dataset, v.version) for v in m.trained_on),
             m.description,
+            m.code_version,
         )
 
 
@@ -78,13 +80,20 @@ class ModelsClient(GovernanceConnection):
         signature: Any = None,
         description: str = "",
         trained_on: Sequence[tuple[str, str]] = (),
+        code_version: str = "",
         progress: Progress | None = None,
     ) -> ModelVersion:
         """Register a new version of model ``name`` from a file or bytes; the version made.
 
-        ``job_id`` and ``trained_on`` (dataset, version) pairs record lineage; ``signature``
-        is any JSON-serialisable description of inputs and outputs. ``progress`` receives
-        artifact bytes sent. Raises :class:`IntegrityError` if the service stored other bytes.
+        ``job_id``, ``trained_on`` (dataset, version) pairs and ``code_version`` (e.g. the
+        commit that trained it) record lineage; ``signature`` is any JSON-serialisable
+        description of inputs and outputs. ``progress`` receives artifact bytes sent. Raises
+        :class:`IntegrityError` if the service stored other bytes.
+
+        A user's token needs ``register model``. A service's token (a job's training agent)
+        registers only for ``job_id``, a job the scheduler placed: the version is registered
+        by the job's owner, who needs ``register model``, and ``trained_on`` must be among the
+        dataset versions the job was scheduled with.
         """
         if not framework:
             raise InvalidInput("say which framework made the model, e.g. framework='pytorch'")
@@ -110,6 +119,7 @@ class ModelsClient(GovernanceConnection):
             signature_json=signature_json,
             description=description,
             trained_on=[pb.GrantedVersion(dataset=d, version=v) for d, v in trained_on],
+            code_version=code_version,
         )
         digest = hashlib.sha256()
         sent = 0

@@ -1,9 +1,10 @@
 """Access checks inside handlers (domain): RBAC with request attributes, grants, read records.
 
 The gRPC interceptor decides on the method alone; what depends on the request — the view asked
-for, the dataset named, whether a grant covers it — is decided here. Every such decision is
-recorded as ``gantry.authz.decision`` (allow and deny), and every read, allowed or refused,
-produces a ``gantry.data.accessed`` event through the outbox, so the audit sees each one.
+for, the dataset named, whether a grant covers it, whose permission a model registration needs
+— is decided here. Every such decision is recorded as ``gantry.authz.decision`` (allow and
+deny), and every read, allowed or refused, produces a ``gantry.data.accessed`` event through
+the outbox, so the audit sees each one.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gantry.core import PermissionDenied
+from gantry.core import InvalidInput, NotFound, PermissionDenied
 from gantry.events.catalog import AuthzDecision, DataAccessed
 from gantry.governance.catalog import Catalog
 from gantry.governance.changes import record
-from gantry.governance.grants import GrantRecord, Grants, check_view
+from gantry.governance.grants import GrantRecord, Grants, ScheduledJob, check_view
 from gantry.governance.lineage import add_edge, dataset_node
 from gantry.security import Authorizer, Principal
 from gantry.security.interceptor import DecisionSink
@@ -55,6 +56,96 @@ class Access:
     ) -> None:
         """Decide with request attributes, record the decision, raise on deny."""
         decision = self.authorizer.decide(principal.subject, principal.roles, action, kind, attrs)
+        self._record(
+            principal, action, kind, name, allowed=decision.allowed, reason=decision.reason,
+            actor=principal.subject, method=method,
+        )  # fmt: skip
+        if not decision.allowed:
+            raise PermissionDenied(
+                principal.subject, action, f"{kind} {name}".strip(), reason=decision.reason
+            )
+
+    def may(self, principal: Principal, action: str, kind: str) -> bool:
+        """Whether ``principal`` may ``action`` on ``kind``; not recorded, so only for leaving
+        something out of an answer, never for refusing a call (use :meth:`check`)."""
+        return self.authorizer.decide(principal.subject, principal.roles, action, kind).allowed
+
+    def model_registrant(
+        self, caller: Principal, model: str, job_id: str, *, method: str
+    ) -> tuple[str, ScheduledJob | None]:
+        """Who registers a version of ``model``: the caller, or the owner of a service's job.
+
+        A user needs ``register model`` and registers as themself (the job id is plain
+        lineage). A service registers only on behalf of a job the scheduler placed: the job's
+        owner needs ``register model`` and becomes ``registered_by``; the job comes back so
+        its dataset versions can be checked (:meth:`check_trained_on`). The decision is
+        recorded under the owner's name with the service as its actor.
+        """
+        if caller.kind != "service":
+            self.check(caller, "register", "model", model, method=method)
+            return caller.subject, None
+        if not job_id:
+            reason = "a service registers models only on behalf of a job the scheduler placed"
+            self._record(
+                caller, "register", "model", model, allowed=False, reason=reason,
+                actor=caller.subject, method=method,
+            )  # fmt: skip
+            raise PermissionDenied(
+                caller.subject, "register", f"model {model}", reason=reason,
+                hint="set job_id in ModelStart to the job that trained the model",
+            )  # fmt: skip
+        try:
+            job = self.grants.scheduled_job(job_id)
+        except NotFound:
+            self._record(
+                caller, "register", "model", model, allowed=False, actor=caller.subject,
+                reason=f"no scheduled job {job_id} is known here", method=method,
+            )  # fmt: skip
+            raise NotFound(
+                "scheduled job", job_id,
+                hint="a service registers models only for jobs the scheduler placed: check the "
+                "job id, or retry once governance has consumed the job's gantry.job.scheduled",
+            ) from None  # fmt: skip
+        owner = Principal(job.owner, job.owner_roles, "", caller.expires_at)
+        decision = self.authorizer.decide(owner.subject, owner.roles, "register", "model")
+        self._record(
+            owner, "register", "model", model, allowed=decision.allowed,
+            reason=f"{decision.reason} (for job {job_id} via service {caller.subject})",
+            actor=caller.subject, method=method,
+        )  # fmt: skip
+        if not decision.allowed:
+            raise PermissionDenied(
+                caller.subject, "register", f"model {model}",
+                reason=f"it acts for job {job_id}, whose owner is refused: {decision.reason}",
+                hint="the job's owner needs a role that may register models, e.g. ml-developer",
+            )  # fmt: skip
+        return job.owner, job
+
+    def check_trained_on(self, job: ScheduledJob, trained_on: Sequence[tuple[str, str]]) -> None:
+        """Refuse ``trained_on`` (dataset, version id) pairs the job was not scheduled with."""
+        placed = {(d, self.catalog.get_version(d, v).id) for d, v, _view in job.datasets}
+        outside = [f"{d}@{v[:12]}" for d, v in trained_on if (d, v) not in placed]
+        if outside:
+            names = ", ".join(f"{d}@{v[:12]}" for d, v in sorted(placed)) or "no dataset"
+            raise InvalidInput(
+                f"a model registered for job {job.job_id} cannot be trained on "
+                f"{', '.join(outside)}: the job was scheduled with {names} only",
+                hint="name in trained_on only dataset versions the job's spec reads "
+                "(spec.data), or have a user register the model",
+            )
+
+    def _record(
+        self,
+        principal: Principal,
+        action: str,
+        kind: str,
+        name: str,
+        *,
+        allowed: bool,
+        reason: str,
+        actor: str,
+        method: str,
+    ) -> None:
         self.sink.record(
             AuthzDecision(
                 principal=principal.subject,
@@ -62,17 +153,13 @@ class Access:
                 action=action,
                 resource_kind=kind,
                 resource_name=name or "*",
-                decision="allow" if decision.allowed else "deny",
-                reason=decision.reason,
+                decision="allow" if allowed else "deny",
+                reason=reason,
                 service=SERVICE_NAME,
                 method=method,
             ),
-            actor=principal.subject,
+            actor=actor,
         )
-        if not decision.allowed:
-            raise PermissionDenied(
-                principal.subject, action, f"{kind} {name}".strip(), reason=decision.reason
-            )
 
     def permit_read(
         self,

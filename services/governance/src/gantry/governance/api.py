@@ -21,7 +21,7 @@ from gantry.governance.access import Access
 from gantry.governance.catalog import Catalog
 from gantry.governance.deid import rules_from_pb
 from gantry.governance.grants import Grants
-from gantry.governance.lineage import Lineage
+from gantry.governance.lineage import Lineage, model_node, model_nodes
 from gantry.governance.maintenance import Maintenance
 from gantry.governance.messages import (
     dataset_pb,
@@ -52,7 +52,9 @@ def _rule(action: str, kind: str) -> MethodRule:
 
 
 #: What each method means to the RBAC policy (methods not listed are denied). Reads are gated
-#: on ``list dataset`` here and decided per view (or per grant) in the handler.
+#: on ``list dataset`` here and decided per view (or per grant) in the handler; RegisterModel
+#: is gated on ``list model`` and decided in the handler: ``register model`` for a user, for a
+#: service the owner of the scheduled job it registers for.
 METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/{name}": rule
     for name, rule in {
@@ -73,7 +75,7 @@ METHOD_RULES: dict[str, MethodRule] = {
         "RevokeGrant": _rule("revoke", "grant"),
         "ListGrants": _rule("list", "grant"),
         "GetLineage": _rule("list", "dataset"),
-        "RegisterModel": _rule("register", "model"),
+        "RegisterModel": _rule("list", "model"),
         "ListModels": _rule("list", "model"),
         "GetModel": _rule("list", "model"),
         "DownloadModel": _rule("read", "model"),
@@ -474,7 +476,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     @rpc_errors
     async def GetLineage(self, request: pb.LineageRequest, context: Any) -> pb.LineageResponse:
-        """Lineage around a dataset version, a job or a model version."""
+        """Lineage around a dataset version, a job or a model version, with those model versions."""
         version = request.version
         if request.dataset and version:
             version = (
@@ -495,7 +497,14 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 model=request.model, model_version=model_version,
             )
         )  # fmt: skip
-        return pb.LineageResponse(edges=[edge_pb(e) for e in edges])
+        nodes = [model_node(request.model, model_version)] if request.model else []
+        nodes += model_nodes(edges)
+        if not self.d.access.may(current_principal(), "list", "model"):
+            nodes = []  # the edges name the models; their metadata is for who may list models
+        models = await asyncio.to_thread(self.d.registry.versions, nodes)
+        return pb.LineageResponse(
+            edges=[edge_pb(e) for e in edges], models=[model_pb(m) for m in models]
+        )
 
     # ------------------------------------------------------------------ models
 
@@ -504,7 +513,11 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[pb.RegisterModelRequest],
         context: grpc.aio.ServicerContext,
     ) -> pb.ModelVersion:
-        """Stream a model artifact in and register it as the model's next version."""
+        """Stream a model artifact in and register it as the model's next version.
+
+        A user registers as themself; a service only for a scheduled job, as the job's owner
+        (see :meth:`Access.model_registrant`).
+        """
         principal = current_principal()
         upload: Any = None
         done = False
@@ -513,10 +526,16 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             if first is None or first.WhichOneof("part") != "start":
                 raise InvalidInput("a model upload must start with a ModelStart message")
             s = first.start
+            registrant, job = await asyncio.to_thread(
+                self.d.access.model_registrant, principal, s.name, s.job_id,
+                method=f"/{SERVICE}/RegisterModel",
+            )  # fmt: skip
             trained_on = []
             for v in s.trained_on:
                 found = await asyncio.to_thread(self.d.catalog.get_version, v.dataset, v.version)
                 trained_on.append((v.dataset, found.id))
+            if job is not None:
+                await asyncio.to_thread(self.d.access.check_trained_on, job, trained_on)
             meta = ModelMeta(
                 name=s.name,
                 framework=s.framework,
@@ -525,8 +544,11 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 signature_json=s.signature_json,
                 description=s.description,
                 trained_on=trained_on,
+                code_version=s.code_version,
             )
-            upload = await asyncio.to_thread(self.d.registry.begin, meta, principal.subject)
+            upload = await asyncio.to_thread(
+                self.d.registry.begin, meta, registrant, actor=principal.subject
+            )
             last = first.last
             async for message in request_iterator:
                 if last:

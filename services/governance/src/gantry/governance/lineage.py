@@ -60,6 +60,16 @@ def add_edge(
         )
 
 
+def model_nodes(edges: Iterable[Edge]) -> list[str]:
+    """The model version ids the edges name, each once, in order of appearance."""
+    found: dict[str, None] = {}
+    for e in edges:
+        for kind, node in ((e.from_kind, e.from_id), (e.to_kind, e.to_id)):
+            if kind == "model_version":
+                found[node] = None
+    return list(found)
+
+
 class Lineage:
     """Queries over the lineage graph."""
 
@@ -132,4 +142,4 @@ class Lineage:
         return out
 
 
-__all__ = ["Edge", "Kind", "Lineage", "add_edge", "dataset_node", "model_node"]
+__all__ = ["Edge", "Kind", "Lineage", "add_edge", "dataset_node", "model_node", "model_nodes"]

@@ -121,6 +121,7 @@ def model_pb(m: ModelRecord) -> pb.ModelVersion:
         created_ms=m.created_ms,
         trained_on=[pb.GrantedVersion(dataset=d, version=v) for d, v in m.trained_on],
         description=m.description,
+        code_version=m.code_version,
     )
 
 

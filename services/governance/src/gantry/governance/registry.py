@@ -2,13 +2,14 @@
 
 A model version is an encrypted artifact in the object store plus its metadata (framework,
 metrics, input/output signature) and lineage (the job that produced it, the dataset versions
-it was trained on). Versions are numbered 1, 2, ... per model name and never change.
+it was trained on, the code version that trained it). Versions are numbered 1, 2, ... per model
+name and never change.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -22,6 +23,9 @@ from gantry.governance.changes import record
 from gantry.governance.lineage import add_edge, dataset_node, model_node
 from gantry.governance.schema import check_dataset_name
 from gantry.storage import ObjectReader, ObjectStore, ObjectWriter
+
+#: Longest code version kept (the column's width): room for a git describe or an image digest.
+MAX_CODE_VERSION = 256
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class ModelRecord:
     description: str
     registered_by: str
     created_ms: int
+    code_version: str = ""
 
 
 @dataclass
@@ -54,9 +59,10 @@ class ModelMeta:
     signature_json: str = ""
     description: str = ""
     trained_on: Sequence[tuple[str, str]] = ()
+    code_version: str = ""
 
     def check(self) -> None:
-        """Refuse a bad name or a signature that is not JSON."""
+        """Refuse a bad name, a signature that is not JSON, or an unusable code version."""
         try:
             check_dataset_name(self.name)
         except InvalidInput as exc:
@@ -69,6 +75,16 @@ class ModelMeta:
                     f"the model signature is not valid JSON: {exc}",
                     hint='e.g. {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]}',
                 ) from None
+        if len(self.code_version) > MAX_CODE_VERSION or not self.code_version.isprintable():
+            what = (
+                f"is {len(self.code_version)} characters long (at most {MAX_CODE_VERSION})"
+                if len(self.code_version) > MAX_CODE_VERSION
+                else "holds control characters"
+            )
+            raise InvalidInput(
+                f"the code version {what}",
+                hint="give a commit id, tag or image digest, e.g. 3f2a9c81d0e4 or v1.4.2",
+            )
 
 
 def _record(row: sa.Row[tuple[object, ...]]) -> ModelRecord:
@@ -89,16 +105,18 @@ def _record(row: sa.Row[tuple[object, ...]]) -> ModelRecord:
         description=str(m["description"]),
         registered_by=str(m["registered_by"]),
         created_ms=int(str(m["created_ms"])),
+        code_version=str(m["code_version"] or ""),
     )
 
 
 class ModelUpload:
     """An artifact being streamed in; :meth:`finish` registers it, :meth:`abort` drops it."""
 
-    def __init__(self, registry: Registry, meta: ModelMeta, principal: str) -> None:
+    def __init__(self, registry: Registry, meta: ModelMeta, principal: str, actor: str) -> None:
         self._registry = registry
         self.meta = meta
         self.principal = principal
+        self.actor = actor
         self.object_name = f"models/{meta.name}/{new_id()}"
         self._writer: ObjectWriter = registry.objects.writer(
             self.object_name, metadata={"model": meta.name}
@@ -125,7 +143,7 @@ class ModelUpload:
         self._writer.__exit__(None, None, None)
         return self._registry.add(
             self.meta, self.object_name, self._hash.hexdigest(), self._size,
-            principal=self.principal, correlation_id=correlation_id,
+            principal=self.principal, actor=self.actor, correlation_id=correlation_id,
         )  # fmt: skip
 
 
@@ -136,10 +154,14 @@ class Registry:
         self.engine = engine
         self.objects = objects
 
-    def begin(self, meta: ModelMeta, principal: str) -> ModelUpload:
-        """Start streaming a new version of ``meta.name``."""
+    def begin(self, meta: ModelMeta, principal: str, *, actor: str = "") -> ModelUpload:
+        """Start streaming a new version of ``meta.name``, to be registered by ``principal``.
+
+        ``actor`` is who makes the call when that is someone else (a service registering for
+        a job's owner); the ``gantry.model.registered`` event names it.
+        """
         meta.check()
-        return ModelUpload(self, meta, principal)
+        return ModelUpload(self, meta, principal, actor or principal)
 
     def add(
         self,
@@ -149,12 +171,19 @@ class Registry:
         size: int,
         *,
         principal: str,
+        actor: str = "",
         correlation_id: str | None = None,
     ) -> ModelRecord:
-        """Register an artifact already in the store as the model's next version."""
+        """Register an artifact already in the store as the model's next version.
+
+        ``principal`` is recorded as ``registered_by``; ``actor`` (default: the principal) is
+        the event's actor.
+        """
         for attempt in range(5):
             try:
-                return self._add(meta, object_name, digest, size, principal, correlation_id)
+                return self._add(
+                    meta, object_name, digest, size, principal, actor or principal, correlation_id
+                )
             except sa.exc.IntegrityError:  # another registration took the same number
                 if attempt == 4:
                     raise
@@ -167,6 +196,7 @@ class Registry:
         digest: str,
         size: int,
         principal: str,
+        actor: str,
         correlation_id: str | None,
     ) -> ModelRecord:
         created = now_ms()
@@ -191,6 +221,7 @@ class Registry:
                     description=meta.description,
                     registered_by=principal,
                     created_ms=created,
+                    code_version=meta.code_version,
                 )
             )
             node = model_node(meta.name, version)
@@ -214,8 +245,9 @@ class Registry:
                     job_id=meta.job_id,
                     metrics=dict(meta.metrics),
                     trained_on=trained,
+                    code_version=meta.code_version,
                 ),
-                actor=principal,
+                actor=actor,
                 subject=f"model/{meta.name}",
                 correlation_id=correlation_id,
             )
@@ -243,6 +275,24 @@ class Registry:
             raise NotFound("model", what, hint="list models with `gantry models list`")
         return _record(row)
 
+    def versions(self, nodes: Iterable[str]) -> tuple[ModelRecord, ...]:
+        """The model versions behind lineage node ids (``<model>:<n>``), in the order given.
+
+        Ids that name no registered version are skipped.
+        """
+        wanted: dict[tuple[str, int], None] = {}
+        for node in nodes:
+            name, _, number = node.rpartition(":")
+            if name and number.isdigit():
+                wanted[(name, int(number))] = None
+        if not wanted:
+            return ()
+        key = sa.tuple_(db.models.c.name, db.models.c.version)
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(db.models).where(key.in_(list(wanted)))).all()
+        found = {(r.name, r.version): _record(r) for r in rows}
+        return tuple(found[k] for k in wanted if k in found)
+
     def open(self, record: ModelRecord) -> ObjectReader:
         """The artifact's verified plaintext, streamed."""
         return self.objects.open(record.object_name)
@@ -254,4 +304,4 @@ class Registry:
                 yield str(name)
 
 
-__all__ = ["ModelMeta", "ModelRecord", "ModelUpload", "Registry"]
+__all__ = ["MAX_CODE_VERSION", "ModelMeta", "ModelRecord", "ModelUpload", "Registry"]

@@ -143,6 +143,8 @@ models = sa.Table(
     sa.Column("description", sa.Text, nullable=False),
     sa.Column("registered_by", sa.String(256), nullable=False),
     sa.Column("created_ms", sa.BigInteger, nullable=False),
+    # schema 2; the server default fills the rows registered before it
+    sa.Column("code_version", sa.String(256), nullable=False, default="", server_default=""),
 )
 
 schema_version = sa.Table(
@@ -154,14 +156,32 @@ schema_version = sa.Table(
 outbox = outbox_table(metadata, "gov_outbox")
 inbox = inbox_table(metadata, "gov_inbox")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
     metadata.create_all(conn)
 
 
-MIGRATIONS = {1: _migrate_v1}
+def _migrate_v2(conn: sa.Connection) -> None:
+    """Model versions record the code version that trained them."""
+    _add_column(conn, models.c.code_version)
+
+
+def _add_column(conn: sa.Connection, column: sa.Column[object]) -> None:
+    """``ALTER TABLE ... ADD COLUMN`` unless the column is there already.
+
+    Step 1 creates today's tables, so on a new database a later step finds its column made.
+    """
+    table = column.table
+    if column.name in {c["name"] for c in sa.inspect(conn).get_columns(table.name)}:
+        return
+    ddl = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+    name = conn.dialect.identifier_preparer.format_table(table)
+    conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN {ddl}"))
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
 
 
 def connect(url: str) -> sa.Engine:

@@ -91,8 +91,27 @@ def job_pb(job: JobRow, *, history: list[Any] | None = None, predicted: float = 
         gpu_milli=job.spec.spec.resources.milli_gpus,
         predicted_runtime_s=predicted or job.predicted_s,
         pool=job.pools if job.pools != "-" else "(none)",
+        restarts=job.restarts,
+        model=job.model,
     )
     msg.labels.update(job.spec.metadata.labels)
+    if job.progress:
+        p = job.progress
+        loss, eta = p.get("loss"), p.get("eta_s")
+        msg.progress.CopyFrom(
+            pb.Progress(
+                step=int(p["step"]),
+                total_steps=int(p.get("total_steps", 0)),
+                epoch=int(p.get("epoch", 0)),
+                loss=float(loss) if loss is not None else 0.0,
+                has_loss=loss is not None,
+                samples_per_s=float(p.get("samples_per_s", 0.0)),
+                eta_s=float(eta) if eta is not None else 0.0,
+                has_eta=eta is not None,
+                updated_ms=int(p.get("updated_ms", 0)),
+                attempt=int(p.get("attempt", 0)),
+            )
+        )
     for p in job.placements:
         msg.placements.add(
             worker=p["worker"],
@@ -330,6 +349,8 @@ class SchedulerApi(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
                 cpu_milli=inv.cpu_milli,
                 memory_mib=inv.memory_mib,
                 last_heartbeat_ms=row.last_seen_ms,
+                address=inv.address,
+                worker_slots=inv.worker_slots,
             )
             node.labels.update(inv.labels)
             free = None

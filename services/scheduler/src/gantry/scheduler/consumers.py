@@ -3,7 +3,8 @@
 - NODES ``gantry.node.registered`` (agents), ``gantry.node.degraded`` / ``recovered``
   (profiler): inventory and health;
 - METRICS ``gantry.metrics.node.heartbeat``: liveness;
-- JOBS ``gantry.job.workers``: workers started, checkpointed, finished, stopped;
+- METRICS ``gantry.metrics.job.progress``: how far each job's training is (the latest kept);
+- JOBS ``gantry.job.workers``: workers started, checkpointed, restarted, finished, stopped;
 - DATA ``gantry.data.dataset.created``: datasets' classifications (for trusted pools);
 - LOGS ``gantry.log.job``: worker log lines for ``gantry jobs logs``.
 
@@ -32,6 +33,7 @@ from gantry.events import (
 from gantry.events.catalog import (
     DatasetCreated,
     JobLogLines,
+    JobProgress,
     JobWorkersReported,
     NodeHealth,
     NodeHeartbeat,
@@ -57,6 +59,7 @@ class _Route:
 ROUTES = (
     _Route("scheduler-nodes", "NODES", "gantry.node.>", (AGENT_SOURCE, PROFILER_SOURCE)),
     _Route("scheduler-heartbeats", "METRICS", "gantry.metrics.node.heartbeat", (AGENT_SOURCE,)),
+    _Route("scheduler-progress", "METRICS", "gantry.metrics.job.progress", (AGENT_SOURCE,)),
     _Route("scheduler-workers", "JOBS", "gantry.job.workers", (AGENT_SOURCE,)),
     _Route("scheduler-datasets", "DATA", "gantry.data.dataset.created", (GOVERNANCE_SOURCE,)),
     _Route("scheduler-logs", "LOGS", "gantry.log.job", (AGENT_SOURCE,)),
@@ -120,6 +123,7 @@ class SchedulerEvents:
         """Apply a batch on the control thread; True when a pass may now decide more."""
         control = self.control.control
         changed = False
+        progress: dict[str, JobProgress] = {}  # the batch's latest per job: one update each
         for delivery in batch:
             event = delivery.event
             data = event.data
@@ -127,6 +131,11 @@ class SchedulerEvents:
                 continue
             if event.type == "gantry.metrics.node.heartbeat":
                 control.heartbeat(NodeHeartbeat.model_validate(data).node)
+            elif event.type == "gantry.metrics.job.progress":
+                p = JobProgress.model_validate(data)
+                kept = progress.get(p.job_id)
+                if kept is None or (p.attempt, p.at_ms) >= (kept.attempt, kept.at_ms):
+                    progress[p.job_id] = p
             elif event.type == "gantry.node.registered":
                 control.node_registered(NodeRegistered.model_validate(data))
                 changed = True
@@ -145,6 +154,9 @@ class SchedulerEvents:
                     r.status,
                     exit_code=r.exit_code,
                     message=r.message,
+                    step=r.step,
+                    restarts=r.restarts,
+                    model=r.model,
                 )
                 changed = True
             elif event.type == "gantry.data.dataset.created":
@@ -160,6 +172,8 @@ class SchedulerEvents:
                     lines.lines,
                     event_id=event.id,
                 )
+        for p in progress.values():
+            control.job_progress(p)
         return changed
 
     async def run(self) -> None:

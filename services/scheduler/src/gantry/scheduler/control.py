@@ -35,6 +35,7 @@ from gantry.core import Conflict, InvalidInput, NotFound, get_logger, new_id
 from gantry.events import EventEnvelope, Inbox, Outbox
 from gantry.events.catalog import (
     DatasetUse,
+    JobProgress,
     JobScheduled,
     JobStateChanged,
     JobStopRequested,
@@ -66,6 +67,8 @@ from gantry.sched.placement import PlacementPolicy
 from gantry.sched.queues import UNLIMITED, Amount
 from gantry.sched.spec import TrainingJob
 from gantry.scheduler import store
+from gantry.scheduler.progress import SaveThrottle, progress_record, supersedes
+from gantry.scheduler.rendezvous import master_addr, master_port
 from gantry.scheduler.settings import SchedulerOptions
 
 SOURCE = "gantry/scheduler"
@@ -76,6 +79,8 @@ ACTIVE = ("pending", "scheduled", "running", "stopping")
 UP = ("started", "succeeded")
 #: Worker reports that mean a rank holds nothing any more.
 ENDED = ("succeeded", "stopped", "failed")
+#: States in which a job's current attempt has workers (whose progress is taken).
+PLACED = ("scheduled", "running", "stopping")
 #: Extra time after the grace period before a stop is taken as done (agents gone silent).
 STOP_SLACK_S = 30.0
 _OUTBOX = Outbox(store.outbox)
@@ -126,6 +131,10 @@ class JobRow:
     run_s: float = 0.0
     checkpoint_ms: int = 0
     preempted_ms: int = 0
+    progress: dict[str, Any] = field(default_factory=dict)  # see gantry.scheduler.progress
+    restarts: int = 0  # workers restarted from a checkpoint by their agent, in all
+    attempt_restarts: int = 0  # the same, in the current attempt (as the agents count them)
+    model: str = ""  # on success: the model version registered, name:version
     predicted_s: float = 0.0
     _spec: TrainingJob | None = None
 
@@ -169,7 +178,7 @@ class JobRow:
 
 
 _JOB_COLUMNS = tuple(c.name for c in store.jobs.columns)
-_JSON_COLUMNS = frozenset({"owner_roles", "placements", "reports", "stop_ranks"})
+_JSON_COLUMNS = frozenset({"owner_roles", "placements", "reports", "stop_ranks", "progress"})
 
 
 @dataclass
@@ -220,6 +229,7 @@ class Control:
         self.stopper: Callable[[JobRow, list[int]], None] | None = None
         self.decisions = 0
         self._recent: list[Demand] = []
+        self._progress_saves = SaveThrottle()
 
     # ------------------------------------------------------------------ recovery
 
@@ -553,6 +563,7 @@ class Control:
         """One scheduling pass plus timeouts; returns the number of decisions."""
         now = self.clock()
         self._check_timeouts(now)
+        self._flush_progress()
         if self.engine is None:
             return 0
         decisions = self.engine.schedule(now)
@@ -597,6 +608,7 @@ class Control:
         job.state = "scheduled"
         job.stop_reason = ""
         job.stop_ranks = []
+        job.attempt_restarts = 0
         now_ms = _now_ms()
         job.attempt_start_ms = now_ms
         job.deadline_ms = now_ms + int(self.options.gang_timeout_s * 1000)
@@ -625,6 +637,8 @@ class Control:
             spec=tj.spec.model_dump(mode="json", by_alias=True),
             # resume only when an earlier attempt ran (a gang that never started has no state)
             resume=start.resume and bool(job.started_ms or job.checkpoint_ms),
+            master_addr=master_addr(job.placements, self._node_address),
+            master_port=master_port(job.id, job.attempt),
         )
         reason = f"placed {job.workers} worker(s) on {', '.join(job.nodes_of())}" + (
             " (resuming from its last checkpoint)" if event.resume else ""
@@ -693,8 +707,15 @@ class Control:
         *,
         exit_code: int = 0,
         message: str = "",
+        step: int = 0,
+        restarts: int = 0,
+        model: str = "",
     ) -> None:
-        """A node agent's report on some of a job's workers (see the module docstring)."""
+        """A node agent's report on some of a job's workers (see the module docstring).
+
+        ``step`` and ``restarts`` come with "restarted" (the checkpoint's step, the agent's
+        count in this attempt), ``model`` with "succeeded" (the model version registered).
+        """
         job = self.jobs.get(job_id)
         if job is None or attempt != job.attempt or job.state == "pending":
             return  # an older attempt, a finished job, or a duplicate: nothing to do
@@ -708,8 +729,13 @@ class Control:
                 self.engine.checkpointed(job.id, self.clock())
             self._save(job, job.reason, state_event=False, notify=False)
             return
+        if status == "restarted":
+            self._restarted(job, node, ranks, step, restarts, message)
+            return
         for rank in ranks:
             job.reports[str(rank)] = status
+        if status == "succeeded" and model:
+            job.model = model
         live = [str(r) for r in job.live_ranks]
         if status == "failed":
             detail = f"worker(s) {ranks} on {node} failed (exit {exit_code})" + (
@@ -722,16 +748,7 @@ class Control:
             self._finish(job, "failed", detail)
             return
         if status == "started":
-            if job.state == "scheduled" and all(job.reports.get(r) in UP for r in live):
-                previous = job.state
-                job.state = "running"
-                job.reason = f"{job.workers} worker(s) running"
-                if not job.started_ms:
-                    job.started_ms = _now_ms()
-                job.deadline_ms = 0
-                self._save(job, job.reason, previous=previous)
-            else:
-                self._save(job, job.reason, state_event=False, notify=False)
+            self._maybe_running(job)
             return
         if job.state == "stopping":
             targets = [str(r) for r in (job.stop_ranks or job.live_ranks)]
@@ -756,6 +773,48 @@ class Control:
             job.stop_reason = "node-lost"
             job.state = "stopping"
             self._stop_completed(job)
+
+    def _maybe_running(self, job: JobRow) -> None:
+        """Save a report of ranks coming up; the job runs once every rank is up."""
+        live = [str(r) for r in job.live_ranks]
+        if job.state == "scheduled" and all(job.reports.get(r) in UP for r in live):
+            previous = job.state
+            job.state = "running"
+            job.reason = f"{job.workers} worker(s) running"
+            if not job.started_ms:
+                job.started_ms = _now_ms()
+            job.deadline_ms = 0
+            self._save(job, job.reason, previous=previous)
+        else:
+            self._save(job, job.reason, state_event=False, notify=False)
+
+    def _restarted(
+        self, job: JobRow, node: str, ranks: list[int], step: int, restarts: int, message: str
+    ) -> None:
+        """An agent restarted crashed workers from their last checkpoint: the job goes on.
+
+        The agent counts its restarts in the attempt; a count not above the one kept is a
+        redelivery (or another node's report of the same restart) and changes nothing.
+        """
+        count = max(restarts, 1)
+        if count <= job.attempt_restarts:
+            return
+        job.restarts += count - job.attempt_restarts
+        job.attempt_restarts = count
+        why = (
+            f"worker(s) {ranks} on {node} restarted from step {step} "
+            f"(restart {count} of attempt {job.attempt})" + (f": {message}" if message else "")
+        )
+        for rank in ranks:
+            if job.reports.get(str(rank)) not in ENDED:
+                job.reports[str(rank)] = "started"  # up again
+        if job.state == "running":
+            self._save(job, why, previous="running")  # a line in its history and a state event
+        elif job.state == "scheduled":
+            self._maybe_running(job)
+        else:  # stopping: the stop's reason stays the job's reason
+            self._save(job, job.reason, state_event=False)
+        self.add_logs(job.id, node, min(ranks, default=0), "gantry", [why])
 
     def _stop_completed(self, job: JobRow) -> None:
         reason = job.stop_reason
@@ -834,6 +893,7 @@ class Control:
                 self._usage_row(conn, usage)
             self._emit_state(conn, job, previous, actor=actor)
         self.jobs.pop(job.id, None)
+        self._progress_saves.forget(job.id)
         self._notify(job)
 
     # ------------------------------------------------------------------ usage
@@ -995,10 +1055,12 @@ class Control:
                 )
             )
         self.nodes[data.node] = row
-        if old is not None and old.inventory != data:
+        # a new address alone (the same agent boot) leaves its workers running where they are
+        before = None if old is None else old.inventory.model_copy(update={"address": data.address})
+        if before is not None and before != data:
             why = (
                 f"the node agent on {data.node} restarted; the workers it ran are gone"
-                if old.inventory.model_copy(update={"agent": data.agent}) == data
+                if before.model_copy(update={"agent": data.agent}) == data
                 else f"node {data.node} re-registered with another inventory"
             )
             for job_id in self._jobs_on(data.node):  # its work is gone or no longer fits
@@ -1035,6 +1097,10 @@ class Control:
             )
         if self.engine is not None:
             self.engine.set_schedulable(node, not degraded)
+
+    def _node_address(self, node: str) -> str:
+        row = self.nodes.get(node)
+        return row.inventory.address if row is not None else ""
 
     def _jobs_on(self, node: str) -> list[str]:
         return sorted(
@@ -1104,6 +1170,47 @@ class Control:
         with self.db.begin() as conn:
             conn.execute(sa.delete(store.datasets).where(store.datasets.c.name == dataset))
             conn.execute(store.datasets.insert().values(name=dataset, sensitivity=sensitivity))
+
+    # ------------------------------------------------------------------ progress
+
+    def job_progress(self, event: JobProgress) -> bool:
+        """The training reported how far it is; True when the job shows it now.
+
+        Progress of another attempt than the current one (a gang being replaced), of a job not
+        placed, or older than what is kept, is ignored. The job's row is written at most once
+        per :data:`~gantry.scheduler.progress.SAVE_INTERVAL_MS`; watchers see every update.
+        """
+        job = self.jobs.get(event.job_id)
+        if job is None or event.attempt != job.attempt or job.state not in PLACED:
+            return False
+        now_ms = _now_ms()
+        record = progress_record(event, now_ms)
+        if not supersedes(record, job.progress):
+            return False
+        job.progress = record  # a new dict: snapshots handed to watchers keep the old one
+        if self._progress_saves.changed(job.id, now_ms):
+            self._save_progress(job, now_ms)
+        self._notify(job)
+        return True
+
+    def _save_progress(self, job: JobRow, now_ms: int) -> None:
+        with self.db.begin() as conn:
+            conn.execute(
+                store.jobs.update()
+                .where(store.jobs.c.id == job.id)
+                .values(progress=orjson.dumps(job.progress).decode())
+            )
+        self._progress_saves.written(job.id, now_ms)
+
+    def _flush_progress(self) -> None:
+        """Write the progress that waited for its interval (from each scheduling pass)."""
+        now_ms = _now_ms()
+        for job_id in self._progress_saves.due(now_ms):
+            job = self.jobs.get(job_id)
+            if job is None:
+                self._progress_saves.forget(job_id)
+            else:
+                self._save_progress(job, now_ms)
 
     # ------------------------------------------------------------------ logs
 
@@ -1230,6 +1337,7 @@ class Control:
         values = job.values()
         values["b_id"] = values.pop("id")
         conn.execute(_UPDATE_JOB, values)
+        self._progress_saves.written(job.id, _now_ms())  # its progress went with the row
 
     def _save(
         self,

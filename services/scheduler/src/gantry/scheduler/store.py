@@ -45,6 +45,13 @@ jobs = sa.Table(
     sa.Column("run_s", sa.Float, nullable=False, default=0.0),
     sa.Column("checkpoint_ms", sa.BigInteger, nullable=False, default=0),
     sa.Column("preempted_ms", sa.BigInteger, nullable=False, default=0),
+    # v2: the training's latest progress (JSON, written at most every few seconds), the
+    # workers' restarts from a checkpoint (in all, and in the current attempt), the model
+    # registered on success
+    sa.Column("progress", sa.Text, nullable=False, default="{}"),
+    sa.Column("restarts", sa.Integer, nullable=False, default=0),
+    sa.Column("attempt_restarts", sa.Integer, nullable=False, default=0),
+    sa.Column("model", sa.String(256), nullable=False, default=""),
     sa.Index("ix_sched_jobs_state", "state"),
     sa.Index("ix_sched_jobs_request", "owner", "request_id"),
 )
@@ -128,14 +135,31 @@ schema_version = sa.Table(
 outbox = outbox_table(metadata, "sched_outbox")
 inbox = inbox_table(metadata, "sched_inbox")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: Columns added to ``sched_jobs`` by version 2, with the DDL of each (their server default
+#: fills the rows written before).
+_V2_JOB_COLUMNS = {
+    "progress": "TEXT NOT NULL DEFAULT '{}'",
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+    "attempt_restarts": "INTEGER NOT NULL DEFAULT 0",
+    "model": "VARCHAR(256) NOT NULL DEFAULT ''",
+}
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
     metadata.create_all(conn)
 
 
-MIGRATIONS = {1: _migrate_v1}
+def _migrate_v2(conn: sa.Connection) -> None:
+    # a database created at version 2 got the columns from create_all in step 1
+    present = {c["name"] for c in sa.inspect(conn).get_columns(jobs.name)}
+    for name, ddl in _V2_JOB_COLUMNS.items():
+        if name not in present:
+            conn.execute(sa.text(f"ALTER TABLE {jobs.name} ADD COLUMN {name} {ddl}"))
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
 
 
 def connect(url: str) -> sa.Engine:

@@ -37,7 +37,14 @@ from gantry.client.config import ClientSettings
 from gantry.core import InvalidInput, Unavailable
 
 if TYPE_CHECKING:
-    from gantry.client.scheduler import JobInfo, LogLine, QueueInfo, Resources, SchedulerClient
+    from gantry.client.scheduler import (
+        JobInfo,
+        JobProgress,
+        LogLine,
+        QueueInfo,
+        Resources,
+        SchedulerClient,
+    )
 
 jobs_app = typer.Typer(help="Training jobs: submit, follow, logs, cancel.", no_args_is_help=True)
 nodes_app = typer.Typer(help="The cluster's nodes and what is free on them.", no_args_is_help=True)
@@ -151,7 +158,7 @@ def jobs_list(
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List jobs: id, name, queue, state, workers, GPUs, age and why (when pending)."""
+    """List jobs: id, name, queue, state, workers, GPUs, age, progress and why (when pending)."""
     settings = command_settings(ctx, data_dir, token)
     with scheduler_client(settings) as client:
         jobs = client.list(queue=queue, state=job_state, owner=owner, limit=limit)
@@ -160,10 +167,15 @@ def jobs_list(
         return
     now_ms = _now_ms()
     table = Table(title=f"{len(jobs)} job{'' if len(jobs) == 1 else 's'}")
-    for col in ("id", "name", "queue", "state", "workers", "GPUs", "age", "reason"):
-        table.add_column(col, justify="right" if col in ("workers", "GPUs", "age") else "left")
+    # the progress column only when some job reported progress: narrow terminals keep room
+    progress = any(j.progress is not None for j in jobs)
+    columns = ("id", "name", "queue", "state", "workers", "GPUs", "age")
+    for col in (*columns, *(("progress",) if progress else ()), "reason"):
+        table.add_column(
+            col, justify="right" if col in ("workers", "GPUs", "age", "progress") else "left"
+        )
     for j in jobs:
-        table.add_row(
+        cells = [
             escape(j.id),
             escape(j.name),
             escape(j.queue),
@@ -171,8 +183,10 @@ def jobs_list(
             f"{j.workers}/{j.replicas}",
             f"{j.gpus:g}" if j.gpus else "-",
             _age(now_ms - j.submitted_ms) if j.submitted_ms else "",
-            escape(j.reason),
-        )
+        ]
+        if progress:
+            cells.append(_progress_short(j.progress) if j.progress else "")
+        table.add_row(*cells, escape(j.reason))
     state_of(ctx).out.print(table)
 
 
@@ -184,7 +198,7 @@ def jobs_get(
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Show a job: its shape, state (and why), placements and history."""
+    """Show a job: its shape, state (and why), progress, placements and history."""
     settings = command_settings(ctx, data_dir, token)
     with scheduler_client(settings) as client:
         job = client.get(job_id)
@@ -210,6 +224,12 @@ def jobs_get(
         ("priority", str(job.priority)),
         ("replicas", replicas),
         ("workers", f"{job.workers} (attempt {job.attempt})"),
+        ("progress", _progress_line(job.progress) if job.progress else ""),
+        (
+            "restarts",
+            f"{job.restarts} (workers restarted from a checkpoint)" if job.restarts else "",
+        ),
+        ("model", job.model),
         ("GPU per worker", f"{job.gpu_milli / 1000:g}"),
         ("pools", job.pool or "any"),
         ("submitted", fmt_ms(job.submitted_ms)),
@@ -377,7 +397,8 @@ def nodes_list(
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List nodes: pool, state, free/total GPUs by model, CPU, memory and their jobs."""
+    """List nodes: pool, state, address, free/total GPUs by model (or CPU worker slots), CPU,
+    memory and their jobs."""
     settings = command_settings(ctx, data_dir, token)
     with scheduler_client(settings) as client:
         nodes = client.nodes()
@@ -385,18 +406,24 @@ def nodes_list(
         print(json.dumps([dataclasses.asdict(n) for n in nodes], indent=2))
         return
     table = Table(title=f"{len(nodes)} node{'' if len(nodes) == 1 else 's'} (free/total)")
-    for col in ("node", "pool", "state", "GPUs", "CPUs", "memory", "jobs"):
+    addresses = any(n.address for n in nodes)  # older agents register none
+    for col in ("node", "pool", "state", *(("address",) if addresses else ()), "GPUs"):
+        table.add_column(col)
+    for col in ("CPUs", "memory", "jobs"):
         table.add_column(col)
     for n in sorted(nodes, key=lambda n: (n.pool, n.name)):
         gpus = ", ".join(
             f"{escape(model or '?')} {free:g}/{total}"
             for model, (free, total) in sorted(n.gpus_by_model().items())
         )
+        if n.worker_slots == "cpu":
+            gpus = ", ".join(filter(None, ("cpu slots", gpus)))
         health = _styled(n.state) + (f" ({escape(n.reason)})" if n.reason else "")
+        cells = [escape(n.name), escape(n.pool), health]
+        if addresses:
+            cells.append(escape(n.address) or "-")
         table.add_row(
-            escape(n.name),
-            escape(n.pool),
-            health,
+            *cells,
             gpus or "-",
             f"{n.cpu_free_milli / 1000:g}/{n.cpu_milli / 1000:g}",
             f"{_mib(n.memory_free_mib)}/{_mib(n.memory_mib)}",
@@ -616,6 +643,44 @@ def _age(ms: int) -> str:
         if s >= size:
             return f"{s // size}{unit}"
     return f"{s}s"
+
+
+def _progress_line(p: JobProgress) -> str:
+    """``step 120/500 (24%) loss 0.4123, 812 samples/s, ETA 1m30s`` (what is known of it)."""
+    head = f"step {p.step:,}"
+    if p.fraction is not None:
+        head += f"/{p.total_steps:,} ({p.fraction:.0%})"
+    if p.loss is not None:
+        head += f" loss {p.loss:.4f}"
+    rest = [
+        f"{_rate(p.samples_per_s)} samples/s" if p.samples_per_s else "",
+        f"ETA {_duration(p.eta_s)}" if p.eta_s is not None else "",
+        f"epoch {p.epoch}" if p.epoch else "",
+    ]
+    return ", ".join([head, *filter(None, rest)])
+
+
+def _progress_short(p: JobProgress) -> str:
+    """A progress cell of ``gantry jobs list``: ``24% 120/500``, or ``step 120``."""
+    if p.fraction is None:
+        return f"step {p.step:,}"
+    return f"{p.fraction:.0%} {p.step:,}/{p.total_steps:,}"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    """A span in its two largest units: ``45s``, ``1m30s``, ``2h05m``, ``3d4h``."""
+    s = max(round(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
 def _mib(mib: int) -> str:

@@ -50,6 +50,14 @@ def _metrics_text(metrics: dict[str, float] | Any) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(metrics.items()))
 
 
+def _short(code_version: str) -> str:
+    """A code version's first word, cut to fit a table column (``show`` prints it whole)."""
+    first, _, rest = code_version.partition(" ")
+    if len(first) > 22:
+        return first[:21] + "…"
+    return first + ("…" if rest else "")
+
+
 @models_app.command("list")
 def models_list(
     ctx: typer.Context,
@@ -62,7 +70,8 @@ def models_list(
     with governance_client(settings) as client:
         versions = client.list_models(name)
     table = Table(title=f"{len(versions)} model version{'' if len(versions) == 1 else 's'}")
-    for col in ("model", "version", "framework", "size", "job", "metrics", "by", "created (UTC)"):
+    columns = ("model", "version", "framework", "size", "job", "code", "metrics", "by")
+    for col in (*columns, "created (UTC)"):
         table.add_column(col, justify="right" if col in ("version", "size") else "left")
     for m in versions:
         table.add_row(
@@ -71,6 +80,7 @@ def models_list(
             escape(m.framework),
             decimal(m.bytes),
             escape(m.job_id),
+            escape(_short(m.code_version)),
             escape(_metrics_text(m.metrics)),
             escape(m.registered_by),
             fmt_ms(m.created_ms),
@@ -100,6 +110,8 @@ def models_show(
         lines.append(m.description)
     if m.job_id:
         lines.append(f"produced by job {m.job_id}")
+    if m.code_version:
+        lines.append(f"code version {m.code_version}")
     if m.trained_on:
         lines.append("trained on " + ", ".join(str(v) for v in m.trained_on))
     if m.metrics:
@@ -141,6 +153,12 @@ def models_register(
         ),
     ] = None,
     description: Annotated[str, typer.Option("--description", help="What it is.")] = "",
+    code_version: Annotated[
+        str,
+        typer.Option(
+            "--code-version", help="The code that trained it, e.g. a commit id (lineage)."
+        ),
+    ] = "",
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -167,6 +185,7 @@ def models_register(
             signature=signature_doc,
             description=description,
             trained_on=refs,
+            code_version=code_version,
             progress=advance,
         )
     _print_stored(state.out, "registered", model)

@@ -1083,16 +1083,22 @@ class LineageResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EDGES_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def edges(self) -> _containers.RepeatedCompositeFieldContainer[Global___LineageEdge]: ...
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelVersion]:
+        """the model versions the edges name, with their metadata"""
+
     def __init__(
         self,
         *,
         edges: _abc.Iterable[Global___LineageEdge] | None = ...,
+        models: _abc.Iterable[Global___ModelVersion] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "models", b"models"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1100,7 +1106,13 @@ Global___LineageResponse: _TypeAlias = LineageResponse  # noqa: Y015
 
 @_typing.final
 class ModelStart(_message.Message):
-    """---------------------------------------------------------------- models"""
+    """---------------------------------------------------------------- models
+
+    A user registers with `register model`. A service (the training agent) may register only on
+    behalf of a job the scheduler placed: job_id must name it, the job's owner must hold
+    `register model`, trained_on must be among the job's dataset versions, and the version is
+    registered_by the owner.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1131,6 +1143,7 @@ class ModelStart(_message.Message):
     SIGNATURE_JSON_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     TRAINED_ON_FIELD_NUMBER: _builtins.int
+    CODE_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     framework: _builtins.str
     """e.g. pytorch"""
@@ -1139,6 +1152,8 @@ class ModelStart(_message.Message):
     signature_json: _builtins.str
     """inputs/outputs, as JSON"""
     description: _builtins.str
+    code_version: _builtins.str
+    """lineage: the code that trained it, e.g. a git commit"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     @_builtins.property
@@ -1153,10 +1168,11 @@ class ModelStart(_message.Message):
         signature_json: _builtins.str = ...,
         description: _builtins.str = ...,
         trained_on: _abc.Iterable[Global___GrantedVersion] | None = ...,
+        code_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "framework", b"framework", "job_id", b"job_id", "metrics", b"metrics", "name", b"name", "signature_json", b"signature_json", "trained_on", b"trained_on"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_version", b"code_version", "description", b"description", "framework", b"framework", "job_id", b"job_id", "metrics", b"metrics", "name", b"name", "signature_json", b"signature_json", "trained_on", b"trained_on"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1226,6 +1242,7 @@ class ModelVersion(_message.Message):
     CREATED_MS_FIELD_NUMBER: _builtins.int
     TRAINED_ON_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
+    CODE_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     version: _builtins.int
     digest: _builtins.str
@@ -1235,8 +1252,10 @@ class ModelVersion(_message.Message):
     job_id: _builtins.str
     signature_json: _builtins.str
     registered_by: _builtins.str
+    """the user; a job's owner when a service registered for the job"""
     created_ms: _builtins.int
     description: _builtins.str
+    code_version: _builtins.str
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     @_builtins.property
@@ -1256,10 +1275,11 @@ class ModelVersion(_message.Message):
         created_ms: _builtins.int = ...,
         trained_on: _abc.Iterable[Global___GrantedVersion] | None = ...,
         description: _builtins.str = ...,
+        code_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "created_ms", b"created_ms", "description", b"description", "digest", b"digest", "framework", b"framework", "job_id", b"job_id", "metrics", b"metrics", "name", b"name", "registered_by", b"registered_by", "signature_json", b"signature_json", "trained_on", b"trained_on", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "code_version", b"code_version", "created_ms", b"created_ms", "description", b"description", "digest", b"digest", "framework", b"framework", "job_id", b"job_id", "metrics", b"metrics", "name", b"name", "registered_by", b"registered_by", "signature_json", b"signature_json", "trained_on", b"trained_on", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

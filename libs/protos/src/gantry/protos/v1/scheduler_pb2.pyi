@@ -84,6 +84,59 @@ class JobEvent(_message.Message):
 Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
 
 @_typing.final
+class Progress(_message.Message):
+    """How far a job's training is: the latest progress rank 0 reported (updated_ms 0 = none yet)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TOTAL_STEPS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    HAS_LOSS_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_S_FIELD_NUMBER: _builtins.int
+    ETA_S_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    HAS_ETA_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    total_steps: _builtins.int
+    """0 = unknown"""
+    epoch: _builtins.int
+    loss: _builtins.float
+    """meaningful only with has_loss"""
+    has_loss: _builtins.bool
+    samples_per_s: _builtins.float
+    eta_s: _builtins.float
+    """seconds left as of updated_ms; meaningful only with has_eta"""
+    updated_ms: _builtins.int
+    """when it was measured (Unix ms)"""
+    has_eta: _builtins.bool
+    attempt: _builtins.int
+    """the attempt that reported it"""
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        total_steps: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        loss: _builtins.float = ...,
+        has_loss: _builtins.bool = ...,
+        samples_per_s: _builtins.float = ...,
+        eta_s: _builtins.float = ...,
+        updated_ms: _builtins.int = ...,
+        has_eta: _builtins.bool = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "epoch", b"epoch", "eta_s", b"eta_s", "has_eta", b"has_eta", "has_loss", b"has_loss", "loss", b"loss", "samples_per_s", b"samples_per_s", "step", b"step", "total_steps", b"total_steps", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Progress: _TypeAlias = Progress  # noqa: Y015
+
+@_typing.final
 class Job(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -129,6 +182,9 @@ class Job(_message.Message):
     GPU_MILLI_FIELD_NUMBER: _builtins.int
     PREDICTED_RUNTIME_S_FIELD_NUMBER: _builtins.int
     POOL_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     queue: _builtins.str
@@ -156,12 +212,20 @@ class Job(_message.Message):
     predicted_runtime_s: _builtins.float
     pool: _builtins.str
     """pools the job may use, comma-separated ("" = any)"""
+    restarts: _builtins.int
+    """times node agents restarted crashed workers from a checkpoint"""
+    model: _builtins.str
+    """on success: the model version registered, as name:version"""
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerPlacement]: ...
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobEvent]: ...
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def progress(self) -> Global___Progress:
+        """unset until the training reported progress"""
+
     def __init__(
         self,
         *,
@@ -187,10 +251,13 @@ class Job(_message.Message):
         gpu_milli: _builtins.int = ...,
         predicted_runtime_s: _builtins.float = ...,
         pool: _builtins.str = ...,
+        progress: Global___Progress | None = ...,
+        restarts: _builtins.int = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "finished_ms", b"finished_ms", "gpu_milli", b"gpu_milli", "history", b"history", "id", b"id", "labels", b"labels", "min_replicas", b"min_replicas", "name", b"name", "owner", b"owner", "placements", b"placements", "pool", b"pool", "predicted_runtime_s", b"predicted_runtime_s", "priority", b"priority", "queue", b"queue", "reason", b"reason", "replicas", b"replicas", "request_id", b"request_id", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "submitted_ms", b"submitted_ms", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "finished_ms", b"finished_ms", "gpu_milli", b"gpu_milli", "history", b"history", "id", b"id", "labels", b"labels", "min_replicas", b"min_replicas", "model", b"model", "name", b"name", "owner", b"owner", "placements", b"placements", "pool", b"pool", "predicted_runtime_s", b"predicted_runtime_s", "priority", b"priority", "progress", b"progress", "queue", b"queue", "reason", b"reason", "replicas", b"replicas", "request_id", b"request_id", "restarts", b"restarts", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "submitted_ms", b"submitted_ms", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -487,6 +554,8 @@ class Node(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    WORKER_SLOTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     pool: _builtins.str
     state: _builtins.str
@@ -497,6 +566,10 @@ class Node(_message.Message):
     memory_mib: _builtins.int
     memory_free_mib: _builtins.int
     last_heartbeat_ms: _builtins.int
+    address: _builtins.str
+    """where other nodes reach it (rendezvous of gangs); "" = unknown"""
+    worker_slots: _builtins.str
+    """gpu | cpu (no GPUs: it offers CPU worker slots)"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     @_builtins.property
@@ -518,10 +591,12 @@ class Node(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         last_heartbeat_ms: _builtins.int = ...,
         jobs: _abc.Iterable[_builtins.str] | None = ...,
+        address: _builtins.str = ...,
+        worker_slots: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_free_milli", b"cpu_free_milli", "cpu_milli", b"cpu_milli", "gpus", b"gpus", "jobs", b"jobs", "labels", b"labels", "last_heartbeat_ms", b"last_heartbeat_ms", "memory_free_mib", b"memory_free_mib", "memory_mib", b"memory_mib", "name", b"name", "pool", b"pool", "reason", b"reason", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cpu_free_milli", b"cpu_free_milli", "cpu_milli", b"cpu_milli", "gpus", b"gpus", "jobs", b"jobs", "labels", b"labels", "last_heartbeat_ms", b"last_heartbeat_ms", "memory_free_mib", b"memory_free_mib", "memory_mib", b"memory_mib", "name", b"name", "pool", b"pool", "reason", b"reason", "state", b"state", "worker_slots", b"worker_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

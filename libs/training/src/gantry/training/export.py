@@ -102,11 +102,11 @@ def export_model(
         _log.warning(
             "torch.export failed, trying TorchScript", error=f"{type(exc).__name__}: {exc}"
         )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        traced = torch.jit.trace(module, args)  # type: ignore[no-untyped-call]
     path = directory / "model.ts"
-    torch.jit.save(traced, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings; torch 2.13 deprecates jit.save
+        traced = torch.jit.trace(module, args)  # type: ignore[no-untyped-call]
+        torch.jit.save(traced, str(path))
     return path.name, "torchscript", signature
 
 

@@ -68,6 +68,8 @@ class StoreCheckpoints:
         self.saved: list[tuple[int, SaveReason, float]] = []
         """(step, reason, seconds the training loop was blocked) of every save, in order."""
         self.restored_step: int | None = None
+        self._marked = -1
+        self._mark_lock = threading.Lock()
 
     # -- save ---------------------------------------------------------------------------------
 
@@ -98,14 +100,25 @@ class StoreCheckpoints:
         self.saved.append((state.step, reason, handle.blocking_s))
         if self.marker is not None:
             if reason == "stop":
-                _write_marker(self.marker, state.step)
+                self._mark(state.step)
             else:
                 threading.Thread(
                     target=_mark_when_stored,
-                    args=(handle, self.marker, state.step),
+                    args=(handle, self._mark, state.step),
                     name="gantry-checkpoint-marker",
                     daemon=True,
                 ).start()
+
+    def _mark(self, step: int) -> None:
+        """Write ``step`` to the marker unless a later step is there already: the threads that
+        mark asynchronous saves may run in any order, and the marker must never go back."""
+        if self.marker is None:
+            return
+        with self._mark_lock:
+            if step <= self._marked:
+                return
+            _write_marker(self.marker, step)
+            self._marked = step
 
     # -- restore ------------------------------------------------------------------------------
 
@@ -162,8 +175,8 @@ class StoreCheckpoints:
     def close(self) -> None:
         """Wait for the last write (and mark it)."""
         self.manager.close()
-        if self.marker is not None and self.saved:
-            _write_marker(self.marker, self.saved[-1][0])
+        if self.saved:
+            self._mark(self.saved[-1][0])
 
 
 class PrivacyHook:
@@ -260,13 +273,13 @@ def _write_marker(marker: Path, step: int) -> None:
         tmp.replace(marker)
 
 
-def _mark_when_stored(handle: Any, marker: Path, step: int) -> None:
+def _mark_when_stored(handle: Any, mark: Callable[[int], None], step: int) -> None:
     try:
         handle.result()
     except Exception as exc:  # the failure is the manager's to raise at the next save
         _log.warning("checkpoint write failed", step=step, error=str(exc))
         return
-    _write_marker(marker, step)
+    mark(step)
 
 
 __all__ = ["PrivacyHook", "StoreCheckpoints", "hooks_for"]

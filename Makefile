@@ -41,6 +41,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/sched_throughput.py --quick
 	$(PY) bench/sched_jct.py --quick
 	$(PY) bench/sched_latency.py --quick
+	$(PY) bench/training.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -49,6 +50,7 @@ bench: $(STAMP)
 	$(PY) bench/sched_throughput.py
 	$(PY) bench/sched_jct.py
 	$(PY) bench/sched_latency.py
+	$(PY) bench/training.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

@@ -311,6 +311,51 @@ def test_a_second_save_waits_for_the_write_in_flight(
     assert manager.steps() == [1, 2]
 
 
+def test_reused_snapshot_buffers_never_change_a_checkpoint_in_flight(
+    manager: CheckpointManager, backend: FaultyBackend
+) -> None:
+    net, opt = big_run()
+    backend.gate.clear()
+    manager.save(capture(net, opt, step=1))  # its write waits at the gate
+    first = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(-2.0)
+    threading.Timer(0.2, backend.gate.set).start()
+    manager.save(capture(net, opt, step=2))  # copies into the first snapshot's buffers
+    second = {k: v.clone() for k, v in net.state_dict().items()}
+    manager.wait()
+
+    for step, expected in ((1, first), (2, second)):
+        for key, value in manager.load(step).model.items():
+            assert torch.equal(value, expected[key]), (step, key)
+
+
+def test_snapshots_copy_every_kind_of_tensor_exactly(manager: CheckpointManager) -> None:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    tensors = {
+        "bf16": torch.randn(5, 3).to(torch.bfloat16),
+        "int64": torch.arange(-5, 5),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.25),
+        "empty": torch.empty(0, 4),
+        "complex": torch.randn(3, dtype=torch.complex64),
+        "transposed": base.t(),  # not contiguous: copied the ordinary way
+        "slice": base[1:3],  # a view into a larger storage: only its own values are kept
+    }
+    for step in (1, 2):  # the second save reuses the first one's buffers
+        for value in tensors.values():
+            if value.dtype != torch.bool and value.numel():
+                value.add_(1)
+        expected = {k: v.clone() for k, v in tensors.items()}
+        manager.save(TrainingState(step=step, model=dict(tensors)), blocking=True)
+        loaded = manager.load(step).model
+        for key, value in expected.items():
+            assert loaded[key].dtype == value.dtype, key
+            assert torch.equal(loaded[key], value), key
+    assert loaded["slice"].untyped_storage().nbytes() == 2 * 6 * 4
+
+
 # -- 4. retention -------------------------------------------------------------------------------
 
 

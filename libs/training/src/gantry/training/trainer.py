@@ -720,7 +720,8 @@ class Trainer:
         with self._gradient_sync(state.model, sync):
             with state.precision.autocast():
                 loss = self._loss_fn(state.model(inputs), targets)
-            state.precision.backward(loss / divisor)
+            # no division for a single micro-batch: one op and one autograd node less per step
+            state.precision.backward(loss / divisor if divisor > 1 else loss)
         return loss.detach().float()
 
     @staticmethod
@@ -739,6 +740,8 @@ class Trainer:
         step even when SIGTERM or the interval reaches them at different times.
         """
         can_save = self.hooks.checkpoint is not None
+        if self.env.world_size == 1:  # nobody to agree with: no tensor to build for an all-reduce
+            return float(loss), self._stop_requested, save_due and can_save
         values = torch.stack(
             [
                 loss.to(torch.float64),

@@ -18,7 +18,9 @@ machine two threads trained 30x slower than one).
   of its own, which does not swing with the other processes on the machine as wall time does.
 - ``ddp2_scaling_efficiency``: samples/s of two gloo workers (``samples_per_s_2workers``) over
   twice that of one worker (``samples_per_s_1worker``, run before and after them), one core
-  each.
+  each. Its ceiling on this machine at this moment is ``parallel_efficiency_2independent``: the
+  same for two single workers training at the same time without talking to each other (below
+  1 when other processes hold a core).
 - ``bytes_per_step_<mode>`` and ``compression_ratio_<mode>`` (fp32 bytes / mode bytes) from rank
   0's ``CompressionStats`` with two gloo workers, for fp32 (DDP's all-reduce, counted), int8,
   int4 and powersgd (rank 1, uncompressed for the first tenth of the steps); ``final_loss_<mode>``
@@ -197,7 +199,11 @@ def bench_overhead(data: TensorDataset, rounds: int, steps: int, warmup: int) ->
 
 
 def _ddp_run(run: str, rank: int, data: TensorDataset, steps: int, warmup: int) -> dict[str, Any]:
-    """One Trainer run of ``run`` (scaling: no hook; otherwise a counting compression hook)."""
+    """One Trainer run of ``run``: independent (each rank alone, at the same time as the other),
+    scaling (DDP, no hook), or a counting compression hook's mode."""
+    dist.barrier()  # start together
+    if run == "independent":
+        return {"samples_per_s": trainer_rate(data, steps, warmup).rate(warmup)}
     mode = "none" if run in ("scaling", "fp32") else run
     hook = None
     if run != "scaling":  # PowerSGD compresses after a tenth of the steps (the runtime: 1000)
@@ -256,7 +262,7 @@ def worker_main(rank: int, tmp: Path) -> None:
 
 def run_workers(tmp: Path, steps: int, warmup: int) -> list[dict[str, Any]]:
     """Both ranks' results of the scaling and compression runs (two processes, one core each)."""
-    runs = ["scaling", *COMPRESSION_RUNS]
+    runs = ["independent", "scaling", *COMPRESSION_RUNS]
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "config.json").write_text(json.dumps({"steps": steps, "warmup": warmup, "runs": runs}))
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -289,13 +295,18 @@ def bench_ddp(data: TensorDataset, tmp: Path, steps: int, warmup: int) -> dict[s
     after = trainer_rate(data, steps, warmup).rate(warmup)
     one = (before + after) / 2
     two = ranks[0]["scaling"]["samples_per_s"]
+    apart = sum(rank["independent"]["samples_per_s"] for rank in ranks)
     figures: dict[str, Any] = {
         "samples_per_s_1worker": round(one, 1),
         "samples_per_s_2workers": round(two, 1),
         "ddp2_scaling_efficiency": round(two / (2 * one), 3),
+        "samples_per_s_2independent": round(apart, 1),
+        "parallel_efficiency_2independent": round(apart / (2 * one), 3),
         "ddp_steps": steps,
         "ddp_ranks_in_sync": all(
-            ranks[0][run]["digest"] == ranks[1][run]["digest"] for run in ranks[0]
+            ranks[0][run]["digest"] == ranks[1][run]["digest"]
+            for run in ranks[0]
+            if "digest" in ranks[0][run]
         ),
     }
     results = ranks[0]

@@ -266,7 +266,8 @@ class _SnapshotBuffers:
         else:
             # One memcpy on this thread. torch would split the copy over its thread pool, and
             # the pool's barrier after each tensor costs more than the copy itself whenever
-            # other processes share the cores (5x slower on a loaded 2-core machine).
+            # other processes share the cores (5x slower on a loaded 2-core machine); a copy
+            # is bound by memory bandwidth, which one thread already uses up.
             np.copyto(_as_bytes(buffer), _as_bytes(source))
         return buffer
 

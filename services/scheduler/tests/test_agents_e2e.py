@@ -162,3 +162,81 @@ async def test_real_agents_run_a_gang_and_resume_a_job_from_a_killed_node(
                 "pending", "scheduled", "running", "pending", "scheduled", "running", "succeeded"
             ]  # fmt: skip
             assert f"node {victim} was lost" in job.history[3].reason
+
+
+#: A real training task for the runtime: a small regression, long enough to be killed midway.
+TASK = """
+import time
+import torch
+from gantry.training import Task
+
+class Slow(torch.nn.Module):  # 10 ms a step: the run lasts long enough to be killed midway
+    def forward(self, x):
+        time.sleep(0.01)
+        return x
+
+def model():
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.Tanh(), Slow(), torch.nn.Linear(32, 1)
+    )
+
+def dataset(ctx):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(512, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+
+task = Task(model=model, loss=torch.nn.functional.mse_loss, dataset=dataset,
+            options={"micro_batch_size": 16, "lr": 0.01, "epochs": 25})
+"""
+
+
+def task_job(name: str) -> str:
+    return (
+        "apiVersion: gantry/v1\n"
+        "kind: TrainingJob\n"
+        f"metadata: {{name: {name}, queue: default}}\n"
+        "spec:\n"
+        "  resources: {gpus: 1, cpus: 1, memory: 1Gi}\n"
+        "  entrypoint: {task: 'e2etask:task'}\n"
+        "  training: {checkpointInterval: 1}\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_training_task_resumes_from_its_checkpoint_after_its_agent_is_killed(
+    tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "e2etask.py").write_text(TASK)
+    monkeypatch.setenv("PYTHONPATH", str(code))  # the agents' workers import the task
+    data_dir = tmp_path / "data"
+    settings = scheduler_settings(data_dir, nats_url, heartbeat_timeout_s=1.5)
+    async with running(settings) as r:
+        with agents(nats_url, data_dir) as procs:
+            await wait_nodes(r, dict.fromkeys(NODES, "ready"))
+            job = await r.submit(task_job("regress"))
+            job = await r.wait_state(job.id, "running", timeout=30)
+            (victim,) = [p.node for p in job.placements]
+            (other,) = [n for n in NODES if n != victim]
+            marker = data_dir / "checkpoints" / job.id / "step"
+            async with asyncio.timeout(90):  # a checkpoint is stored in the encrypted store
+                while not marker.exists() or int(marker.read_text() or 0) < 5:
+                    await asyncio.sleep(0.05)
+            stored = int(marker.read_text())
+            procs[victim].kill()  # the node dies, and its worker with it
+            procs[victim].wait(timeout=10)
+
+            job = await r.wait(job.id, lambda j: j.attempt == 2, timeout=20)
+            assert [p.node for p in job.placements] == [other]
+            job = await r.wait(
+                job.id,
+                lambda j: j.progress.attempt == 2 and j.progress.step > 0,
+                timeout=90,
+            )
+            assert job.progress.step > stored  # resumed from the checkpoint, not from step 0
+            job = await r.wait_state(job.id, "succeeded", timeout=150)
+            lines = await wait_logs(r, job.id, "finished after 800 steps")
+            resumed = [ln for ln in lines if "resume" in ln.text and "restored=True" in ln.text]
+            assert resumed and all(ln.node == other for ln in resumed)

@@ -246,3 +246,22 @@ def test_errors_rebuild_from_their_message_in_the_parent_process() -> None:
         _Refusal(grpc.StatusCode.UNAUTHENTICATED, "expired"), address="a", resource="r"
     )
     assert isinstance(type(unauth)(str(unauth)), Unauthenticated)
+
+
+def test_a_grant_renewed_in_its_file_is_sent_from_the_next_call(
+    server: Server, tmp_path: Any
+) -> None:
+    """The node agent rewrites the grant file when it renews a job's grant; reads use the new
+    token from the next call on, and an unreadable file keeps the last token."""
+    path = tmp_path / "grant"
+    path.write_text("expired-grant")
+    source = server.source(grant="expired-grant", grant_file=str(path))
+    with pytest.raises(PermissionDenied):
+        source.list_shards()
+    path.write_text(GRANT + "\n")
+    refs = source.list_shards()  # the renewed grant, read from the file
+    assert refs and server.servicer.requests[-1].grant == GRANT
+    path.unlink()
+    source.fetch(refs[0].id)
+    assert server.servicer.requests[-1].grant == GRANT
+    source.close()

@@ -22,11 +22,12 @@ from typing import Any
 import nats
 import pytest
 
-from gantry.core import NatsSettings, new_id
+from gantry.core import InvalidInput, NatsSettings, new_id
 from gantry.events import Bus, EventEnvelope, Publisher
 from gantry.events.catalog import (
     JOB_SCHEDULED,
     JOB_STOP_REQUESTED,
+    DatasetUse,
     EventData,
     JobScheduled,
     JobStopRequested,
@@ -36,7 +37,8 @@ from gantry.security.keyring import Keyring
 from gantry.supervisor import NatsServer
 from gantry.testing.agents import spawn_agent as spawn_agent_process
 from gantry.training_agent.__main__ import build_parser, inventory_from_args, main
-from gantry.training_agent.agent import SCHEDULER_SOURCE, NodeAgent
+from gantry.training_agent.agent import CANNOT_START, SCHEDULER_SOURCE, NodeAgent
+from gantry.training_agent.governance import Grant
 from gantry.training_agent.inventory import NodeInventory, declared_gpus
 from gantry.training_agent.launch import master_port, worker_command, worker_environment
 from gantry.training_agent.settings import AgentOptions, AgentSettings
@@ -788,3 +790,79 @@ async def test_an_entry_point_that_does_not_import_fails_fast_with_the_users_err
     await env.scheduler.schedule(missing)
     failed = await env.watch.report(missing.job_id, "failed", wait_s=60)
     assert "No module named 'nosuch_module'" in failed["message"]
+
+
+# -- data grants: issued for the job, renewed before they expire -----------------------------
+
+
+@dataclass
+class FakeGovernance:
+    """Stands in for governance in these unit tests: grants that expire in ``ttl_s``."""
+
+    ttl_s: float = 1.5
+    refuse: str = ""
+    issued: list[str] = field(default_factory=list)
+
+    async def issue_grant(self, job: JobScheduled) -> Grant:
+        if self.refuse:
+            raise InvalidInput(self.refuse, hint="ask a data steward for access")
+        token = f"grant-{len(self.issued) + 1}"
+        self.issued.append(token)
+        return Grant(token=token, expires_ms=int((time.time() + self.ttl_s) * 1000))
+
+    def token(self) -> str:
+        return "agent-token"
+
+    def address(self) -> str:
+        return "governance.invalid:7032"
+
+    def known(self) -> bool:
+        return False
+
+
+#: Reads its grant as the data loader does (the file the agent rewrites) until it changes.
+READS_GRANT = textwrap.dedent(
+    """
+    import os, sys, time
+    first = os.environ["GANTRY_DATA_GRANT"]
+    path = os.environ["GANTRY_DATA_GRANT_FILE"]
+    print("started with", first, "token", os.environ["GANTRY_TOKEN"], flush=True)
+    for _ in range(200):
+        now = open(path).read().strip()
+        if now != first:
+            print("renewed to", now, flush=True)
+            sys.exit(0)
+        time.sleep(0.05)
+    sys.exit(4)
+    """
+)
+
+
+async def test_a_jobs_grant_is_renewed_before_it_expires(env: Env, agent: NodeAgent) -> None:
+    fake = FakeGovernance(ttl_s=1.5)
+    agent.governance = fake  # type: ignore[assignment]
+    job = env.scheduler.job(READS_GRANT).model_copy(
+        update={"datasets": [DatasetUse(dataset="churn", version="v1")]}
+    )
+    await env.scheduler.schedule(job)
+    await env.watch.report(job.job_id, "succeeded", wait_s=30)
+    lines = env.watch.log_lines(job.job_id)
+    assert "started with grant-1 token agent-token" in lines
+    assert "renewed to grant-2" in lines
+    grant_file = env.checkpoint_dir(job) / "grant"
+    assert oct(grant_file.stat().st_mode & 0o777) == "0o600"
+
+
+async def test_a_grant_governance_refuses_fails_the_job_with_its_reason(
+    env: Env, agent: NodeAgent
+) -> None:
+    agent.governance = FakeGovernance(refuse="dev may not read churn")  # type: ignore[assignment]
+    job = env.scheduler.job("print(1)").model_copy(
+        update={"datasets": [DatasetUse(dataset="churn", version="v1")]}
+    )
+    await env.scheduler.schedule(job)
+    failed = await env.watch.report(job.job_id, "failed", wait_s=20)
+    assert failed["exit_code"] == CANNOT_START
+    assert "dev may not read churn" in failed["message"]
+    notes = env.watch.log_lines(job.job_id, "gantry")
+    assert any("ask a data steward for access" in n for n in notes)

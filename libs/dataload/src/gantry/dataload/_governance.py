@@ -81,7 +81,7 @@ class GovernanceShardSource:
         self._token = token
         self._grant = grant
         self.grant_file = grant_file
-        self._grant_mtime = 0.0
+        self._grant_mtime: tuple[int, int, int] = (0, 0, 0)
         self._columns: list[pb.Column] | None = None
         self._policy_version = 0
         self._channel: grpc.Channel | None = None
@@ -123,7 +123,8 @@ class GovernanceShardSource:
         """The grant to send: ``grant_file``'s content when the node agent renewed it there."""
         if self.grant_file:
             try:
-                mtime = os.stat(self.grant_file).st_mtime
+                info = os.stat(self.grant_file)
+                mtime = (info.st_mtime_ns, info.st_size, info.st_ino)
                 if mtime != self._grant_mtime:
                     with open(self.grant_file, encoding="utf-8") as fh:
                         token = fh.read().strip()

@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch import nn
@@ -39,9 +39,11 @@ from gantry.core.logging import get_logger
 from gantry.sched.spec import Privacy
 from gantry.training.checkpoint import CheckpointManager, DataPosition, RngState, TrainingState
 from gantry.training.compression import CompressionHook
-from gantry.training.privacy import PrivateTraining
 from gantry.training.seeding import capture_rng_state, restore_rng_state
 from gantry.training.trainer import Hooks, SaveReason, TrainingOptions, TrainState, WorkerEnv
+
+if TYPE_CHECKING:
+    from gantry.training.privacy import PrivateTraining
 
 _log = get_logger("gantry.training")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -196,6 +198,8 @@ class PrivacyHook:
         self, model: nn.Module, optimizer: Optimizer, loader: DataLoader[Any]
     ) -> tuple[nn.Module, Optimizer, DataLoader[Any]]:
         """Wrap for DP-SGD (Opacus' per-sample clipping and noise, an RDP accountant)."""
+        from gantry.training.privacy import PrivateTraining  # Opacus: only for private jobs
+
         private = PrivateTraining(
             self.privacy,
             model=model,

@@ -61,8 +61,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, IterableDataset
 
-from gantry.core import Conflict, InvalidInput, get_logger
+from gantry.core import InvalidInput, get_logger
 from gantry.sched.spec import Privacy
+from gantry.training.budget import BudgetExceeded
 
 _log = get_logger("gantry.training.privacy")
 
@@ -74,30 +75,6 @@ _EDGE_ORDER = r"Optimal order is the (largest|smallest) alpha"
 _INPUT_LAYER_HOOK = r"Full backward hook is firing when gradients are computed"
 #: Step limits are searched up to here: "unlimited" for any real job.
 _MAX_STEPS = 1 << 40
-
-
-class BudgetExceeded(Conflict):
-    """Another optimizer step would spend more privacy than the job's epsilon allows.
-
-    Permanent: the job stops with the model as of its last step, which is within budget.
-    """
-
-    def __init__(
-        self, *, budget: float, delta: float, spent: float, next_epsilon: float, steps: int
-    ) -> None:
-        self.budget = budget
-        self.delta = delta
-        self.spent = spent
-        self.next_epsilon = next_epsilon
-        self.steps = steps
-        super().__init__(
-            f"privacy budget reached after {steps} steps: epsilon spent {spent:.4g}, one more "
-            f"step would make it {next_epsilon:.4g} > spec.training.privacy.epsilon "
-            f"{budget:g} (delta {delta:g})",
-            hint="the model as of the last step is within budget; to train longer, plan the "
-            "steps up front (epochs or steps) so the noise is sized for them, or raise "
-            "spec.training.privacy.epsilon",
-        )
 
 
 class UnreachableBudget(InvalidInput):

@@ -28,10 +28,10 @@ from torch.utils.data import DataLoader
 
 from gantry.core import CommonSettings, ConfigError, GantryError, load_settings
 from gantry.storage.settings import StorageSettings, open_store
+from gantry.training.budget import BudgetExceeded
 from gantry.training.checkpoint import CheckpointManager
 from gantry.training.export import ModelManifest, clean_metrics, code_version, export_model
 from gantry.training.hooks import hooks_for
-from gantry.training.privacy import BudgetExceeded
 from gantry.training.progress import ProgressReporter
 from gantry.training.task import (
     DataContext,

@@ -20,8 +20,8 @@ from torch import nn
 from torch.nn import functional
 from torch.utils.data import TensorDataset
 
+from gantry.training import DataContext, Task
 from gantry.training.seeding import derive_seed
-from gantry.training.task import DataContext, Task
 
 CLASSES = 10
 SIZE = 28
@@ -91,7 +91,8 @@ def evaluate(model: nn.Module, ctx: DataContext) -> Mapping[str, float]:
     features, labels = images(ctx.seed, EVAL_IMAGES, "eval").tensors
     device = next(model.parameters()).device
     with torch.no_grad():
-        logits = torch.cat([model(chunk.to(device)).float().cpu() for chunk in features.split(500)])  # type: ignore[no-untyped-call]
+        chunks = [features[i : i + 500] for i in range(0, len(features), 500)]
+        logits = torch.cat([model(chunk.to(device)).float().cpu() for chunk in chunks])
     return {
         "accuracy": float((logits.argmax(dim=1) == labels).float().mean()),
         "eval_loss": float(functional.cross_entropy(logits, labels)),

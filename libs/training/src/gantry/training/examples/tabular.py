@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from gantry.training.task import DataContext, Task
+from gantry.training import DataContext, Task
 
 DATASET = "churn"
 LABEL = "churned"

@@ -271,3 +271,35 @@ def test_sigterm_checkpoints_and_a_rerun_resumes_from_that_step(agent: Agent) ->
     assert steps[-1] == stopped + 8
     assert f"finished after {stopped + 8} steps" in out
     assert (agent.output / "model.json").is_file()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("fsdp", ["false", "true"])
+def test_two_workers_train_and_rank_0_exports_the_whole_model(agent: Agent, fsdp: str) -> None:
+    """DDP, or FSDP whose sharded model every rank helps gather before rank 0 exports it."""
+    port = str(_free_port())
+    workers = [
+        agent.start(
+            "tinytask:task",
+            f"fsdp={fsdp}",
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        for rank in range(2)
+    ]
+    results = [w.finish() for w in workers]
+    for code, _out, err in results:
+        assert code == 0, err[-2000:]
+    manifest = json.loads((agent.output / "model.json").read_text())
+    assert manifest["name"] == "tiny" and manifest["metrics"]["eval_loss"] < 0.5
+    assert "finished after 8 steps" in results[0][1]  # 2 epochs of 256 / (32 x 2)

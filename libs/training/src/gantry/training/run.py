@@ -24,9 +24,16 @@ from typing import Any
 
 import torch
 from pydantic import Field
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader
 
-from gantry.core import CommonSettings, ConfigError, GantryError, load_settings
+from gantry.core import (
+    CommonSettings,
+    ConfigError,
+    GantryError,
+    configure_logging,
+    load_settings,
+)
 from gantry.storage.settings import StorageSettings, open_store
 from gantry.training.budget import BudgetExceeded
 from gantry.training.checkpoint import CheckpointManager
@@ -94,7 +101,18 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
             if trainer.stopped:
                 print(f"stopped at step {trainer.state.step}; checkpoint saved", flush=True)
                 return 0
-            if env.rank == 0:
+            if options.fsdp and env.world_size > 1:
+                # the model is sharded: every rank takes part in gathering it; rank 0 then
+                # evaluates and exports a plain copy
+                full = get_model_state_dict(
+                    trainer.state.module,
+                    options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+                )
+                if env.rank == 0:
+                    plain = task.model()
+                    plain.load_state_dict(full)
+                    _finish(task, trainer, ctx, options, name, reference, settings, privacy, plain)
+            elif env.rank == 0:
                 _finish(task, trainer, ctx, options, name, reference, settings, privacy)
         return 0
     finally:
@@ -128,9 +146,11 @@ def _finish(
     reference: str,
     settings: WorkerSettings,
     privacy: Any,
+    module: torch.nn.Module | None = None,
 ) -> None:
-    """Evaluate, export and write the manifest (rank 0, after training)."""
-    module = trainer.state.module
+    """Evaluate, export and write the manifest (rank 0, after training); ``module`` is the
+    trained model when the trainer's is sharded."""
+    module = module if module is not None else trainer.state.module
     unwrap = getattr(module, "_module", None)  # Opacus' GradSampleModule keeps the model here
     if isinstance(unwrap, torch.nn.Module):
         module = unwrap
@@ -200,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else EXIT_CONFIG
     try:
         settings = load_settings(WorkerSettings)
+        configure_logging("training-worker", level=settings.log_level, json=settings.log_json)
         return run(argv[0], argv[1:], settings)
     except BudgetExceeded as exc:
         print(f"gantry: {exc}", file=sys.stderr, flush=True)

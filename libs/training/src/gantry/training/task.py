@@ -96,7 +96,7 @@ class DataContext:
         have = ", ".join(d.dataset for d in self.data) or "none"
         raise InvalidInput(
             f"the job's spec does not read dataset {dataset!r} (it reads: {have})",
-            hint="add it to spec.data with a version, e.g. {dataset: clicks, version: main}",
+            hint="add it to spec.data, e.g. {dataset: clicks, version: <version id>}",
         )
 
     def table(self, dataset: str) -> Any:
@@ -242,6 +242,8 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
                 value = float(raw)
             elif key == "augment":
                 value = json.loads(raw)
+            elif key == "checkpoint_modules":  # names, comma-separated: Block,encoder.layers.0
+                value = tuple(part.strip() for part in raw.split(",") if part.strip())
             else:
                 value = raw
         except ValueError:

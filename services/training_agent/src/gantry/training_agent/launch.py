@@ -107,6 +107,10 @@ def worker_environment(
         env.pop(name, None)
     if resume:
         env["GANTRY_RESUME"] = "1"
+    if "OMP_NUM_THREADS" not in base:
+        # the worker's CPU share, as torchrun would: several workers must not oversubscribe
+        # the node's cores
+        env["OMP_NUM_THREADS"] = str(max(1, placement.cpu_milli // MILLI))
     if placement.gpus and 0 < gpu_milli < MILLI * len(placement.gpus):
         # a share of one device: cap its memory (the runtime applies it) and, under MPS,
         # its compute

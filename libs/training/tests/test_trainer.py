@@ -501,3 +501,14 @@ def test_derived_seeds_are_stable_and_distinct() -> None:
     assert derive_seed(0, "rank", 1) == derive_seed(0, "rank", 1)
     assert len({derive_seed(0, "rank", r) for r in range(100)}) == 100
     assert 0 <= derive_seed(2**40, "x") < 2**63
+
+
+def test_the_eta_counts_from_the_runs_step_after_a_resume() -> None:
+    from gantry.training.trainer import _StepClock
+
+    clock = _StepClock(total_steps=330)
+    clock.tick(64, 320)  # a resumed run's first step: a warm-up, no rate yet
+    _, eta = clock.tick(64, 321)
+    assert eta is not None and eta < 9 * 1.0  # 9 steps left, each far under a second here
+    _, eta = clock.tick(64, 330)
+    assert eta == 0

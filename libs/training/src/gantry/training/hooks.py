@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -198,7 +199,11 @@ class PrivacyHook:
         self, model: nn.Module, optimizer: Optimizer, loader: DataLoader[Any]
     ) -> tuple[nn.Module, Optimizer, DataLoader[Any]]:
         """Wrap for DP-SGD (Opacus' per-sample clipping and noise, an RDP accountant)."""
-        from gantry.training.privacy import PrivateTraining  # Opacus: only for private jobs
+        from gantry.training.privacy import INPUT_LAYER_HOOK_WARNING, PrivateTraining
+
+        # harmless with Opacus (its hooks read only output gradients); the trainer calls
+        # backward itself, so silence it for this training process
+        warnings.filterwarnings("ignore", message=INPUT_LAYER_HOOK_WARNING)
 
         private = PrivateTraining(
             self.privacy,

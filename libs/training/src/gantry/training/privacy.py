@@ -73,6 +73,7 @@ _EDGE_ORDER = r"Optimal order is the (largest|smallest) alpha"
 #: torch warns when a full backward hook fires on a layer whose input (the batch) does not
 #: require grad; Opacus's hooks only read the output gradient, which is what they get.
 _INPUT_LAYER_HOOK = r"Full backward hook is firing when gradients are computed"
+INPUT_LAYER_HOOK_WARNING = _INPUT_LAYER_HOOK
 #: Step limits are searched up to here: "unlimited" for any real job.
 _MAX_STEPS = 1 << 40
 

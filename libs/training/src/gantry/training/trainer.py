@@ -696,7 +696,8 @@ class Trainer:
                 loss_sum = torch.zeros((), device=self.device)
                 state.history.append(mean_loss)
                 samples = options.micro_batch_size * group_size * self.env.world_size
-                self._report(state, mean_loss, clock.tick(samples), phases.end(), total_steps)
+                timing = clock.tick(samples, state.step)
+                self._report(state, mean_loss, timing, phases.end(), total_steps)
                 if stop:
                     self._stop(state)
                     return
@@ -847,7 +848,9 @@ class _StepClock:
         self.last = time.perf_counter()
         self.average_s: float | None = None
 
-    def tick(self, samples: int) -> tuple[float, float | None]:
+    def tick(self, samples: int, step: int) -> tuple[float, float | None]:
+        """Rate of the step just done and the time left after ``step`` (the run's step count,
+        which starts past 0 after a resume)."""
         now = time.perf_counter()
         elapsed = max(now - self.last, 1e-9)
         self.last = now
@@ -858,7 +861,7 @@ class _StepClock:
             self.average_s = elapsed
         else:
             self.average_s += self._SMOOTHING * (elapsed - self.average_s)
-        left = max(self.total_steps - self.steps, 0)
+        left = max(self.total_steps - step, 0)
         return samples / elapsed, left * self.average_s
 
 

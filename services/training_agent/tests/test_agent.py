@@ -647,11 +647,19 @@ async def test_a_sigtermed_agent_stops_its_workers_and_exits_cleanly(env: Env) -
 #: A small regression task: deterministic data, two workers split it; ``steps`` sets its length.
 TASK = textwrap.dedent(
     """
+    import time
     import torch
     from gantry.training import Task
 
+    class Slow(torch.nn.Module):  # 10 ms a step, so a stop or a kill lands mid-run
+        def forward(self, x):
+            time.sleep(0.01)
+            return x
+
     def model():
-        return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.Tanh(), Slow(), torch.nn.Linear(32, 1)
+        )
 
     def dataset(ctx):
         g = torch.Generator().manual_seed(7)
@@ -715,12 +723,12 @@ async def test_a_task_trains_on_two_workers_with_progress_and_step_metrics(
 async def test_a_killed_worker_restarts_the_gang_from_its_checkpoint(
     env: Env, agent: NodeAgent, task_module: Path
 ) -> None:
-    reference = task_job(env.scheduler, args=["epochs=20"])
+    reference = task_job(env.scheduler, args=["epochs=60"])
     await env.scheduler.schedule(reference)
     await env.watch.report(reference.job_id, "succeeded", wait_s=180)
     expected = final_loss(env.watch, reference.job_id)
 
-    job = task_job(env.scheduler, args=["epochs=20"])
+    job = task_job(env.scheduler, args=["epochs=60"])
     await env.scheduler.schedule(job)
     job_dir = env.checkpoint_dir(job)
     async with asyncio.timeout(120):  # a checkpoint is stored (interval 1 s)
@@ -739,7 +747,7 @@ async def test_a_killed_worker_restarts_the_gang_from_its_checkpoint(
 async def test_preempted_twice_then_finishes_from_its_checkpoints(
     env: Env, agent: NodeAgent, task_module: Path
 ) -> None:
-    job = task_job(env.scheduler, args=["epochs=20"])
+    job = task_job(env.scheduler, args=["epochs=60"])
     stopped_at = []
     for attempt in (1, 2):
         current = job.model_copy(update={"attempt": attempt, "resume": attempt > 1})

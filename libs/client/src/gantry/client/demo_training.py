@@ -121,7 +121,7 @@ def training_story(
     step: Callable[[str], contextlib.AbstractContextManager[None]],
     console: Console,
     *,
-    epochs: int = 8,
+    epochs: int = 30,
 ) -> TrainingSummary:
     """Run the chapter; raise :class:`~gantry.core.GantryError` on any surprise."""
     from gantry.training.examples.tabular import churn_table

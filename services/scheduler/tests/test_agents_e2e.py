@@ -240,3 +240,28 @@ async def test_a_training_task_resumes_from_its_checkpoint_after_its_agent_is_ki
             lines = await wait_logs(r, job.id, "finished after 800 steps")
             resumed = [ln for ln in lines if "resume" in ln.text and "restored=True" in ln.text]
             assert resumed and all(ln.node == other for ln in resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_training_gang_spread_over_two_agents_rendezvous_and_finishes(
+    tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One worker per node: the agents start them with the scheduler's rendezvous (rank 0's
+    node address and the attempt's port), and DDP trains across the two nodes."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "e2etask.py").write_text(TASK.replace('"epochs": 25', '"epochs": 2'))
+    monkeypatch.setenv("PYTHONPATH", str(code))
+    data_dir = tmp_path / "data"
+    settings = scheduler_settings(data_dir, nats_url, heartbeat_timeout_s=3)
+    async with running(settings) as r:
+        with agents(nats_url, data_dir):
+            await wait_nodes(r, dict.fromkeys(NODES, "ready"))
+            spec = task_job("gang").replace("spec:\n", "spec:\n  replicas: 2\n  topology: spread\n")
+            job = await r.submit(spec)
+            job = await r.wait_state(job.id, "succeeded", timeout=180)
+            assert {p.node for p in job.placements} == set(NODES)
+            lines = await wait_logs(r, job.id, "finished after 32 steps")  # 2 x 512 / (16 x 2)
+            finished = [ln for ln in lines if ln.text.startswith("finished after")]
+            assert [ln.worker for ln in finished] == [0]  # rank 0 evaluates and exports

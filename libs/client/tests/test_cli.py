@@ -361,8 +361,8 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "usage by user" in out and "rita-researcher" in out
     assert "w1| rank 1 of 2 on onprem-1" in out and "w0| step 6/6 loss" in out
     # training for real: preempted, resumed from its checkpoint, registered with lineage
-    assert "churn-model preempted: checkpointed at step" in out
-    assert "churn-model resumed from its checkpoint" in out
+    assert "churn-model preempted by urgent-eval" in out
+    assert "churn-model resumed from its checkpoint of step" in out
     assert "its agent registered model churn-classifier:" in out
     assert "registered model and its lineage" in out and "dev-engineer" in out
 

@@ -874,3 +874,29 @@ async def test_a_grant_governance_refuses_fails_the_job_with_its_reason(
     assert "dev may not read churn" in failed["message"]
     notes = env.watch.log_lines(job.job_id, "gantry")
     assert any("ask a data steward for access" in n for n in notes)
+
+
+async def test_a_grant_is_asked_again_until_governance_has_seen_the_placement(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gantry.client.errors import RemoteNotFound
+    from gantry.protos.v1 import governance_pb2 as gpb
+    from gantry.training_agent.governance import GovernanceLink
+
+    calls: list[str] = []
+
+    class Client:
+        def _call(self, method: str, request: Any) -> Any:
+            calls.append(request.job_id)
+            if len(calls) < 3:  # governance has not read gantry.job.scheduled yet
+                raise RemoteNotFound(f"scheduled job {request.job_id!r} not found")
+            return gpb.Grant(token="grant-x", expires_ms=123)
+
+        def close(self) -> None:
+            pass
+
+    link = GovernanceLink(env.settings(), env.keyring)
+    monkeypatch.setattr(link, "_client", Client)
+    grant = await link.issue_grant(env.scheduler.job("print(1)", job_id="j-late"))
+    assert (grant.token, grant.expires_ms) == ("grant-x", 123)
+    assert calls == ["j-late"] * 3

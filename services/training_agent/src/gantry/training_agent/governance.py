@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gantry.client.errors import RemoteNotFound
 from gantry.client.model_registry import ModelsClient
-from gantry.core import GantryError, Unavailable, get_logger
+from gantry.core import GantryError, NotFound, Unavailable, get_logger
 from gantry.core.runfile import run_file
 from gantry.events.catalog import JobScheduled
 from gantry.protos.v1 import governance_pb2 as pb
@@ -27,6 +28,8 @@ from gantry.training_agent.settings import AgentSettings
 
 SERVICE_NAME = "training-agent"
 _TOKEN_TTL = dt.timedelta(hours=12)
+#: How long a grant is asked for while governance has not yet seen the job's placement.
+_GRANT_WAIT_S = 30.0
 _log = get_logger("gantry.training_agent")
 
 
@@ -98,7 +101,18 @@ class GovernanceLink:
                 client.close()
             return Grant(token=reply.token, expires_ms=int(reply.expires_ms))
 
-        return await asyncio.to_thread(call)
+        # governance learns of the job from the same gantry.job.scheduled event, which it may
+        # not have read yet: a job it does not know (or a restarting governance) is asked again
+        deadline = time.monotonic() + _GRANT_WAIT_S
+        delay = 0.2
+        while True:
+            try:
+                return await asyncio.to_thread(call)
+            except (RemoteNotFound, NotFound, Unavailable):
+                if time.monotonic() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     # -- models -------------------------------------------------------------------------------
 

@@ -161,9 +161,7 @@ def training_story(
         with step(f"{RESEARCHER} submitted urgent-eval (high priority, 4 GPUs)"):
             urgent = rita.submit(urgent_yaml(version.id)).job
         seen = _wait(dev, job.id, console, f"{JOB} to be preempted", lambda j: j.state != "running")
-        with step(
-            f"{JOB} preempted at step {_step(seen)}: it checkpoints and goes back to the queue"
-        ):
+        with step(f"{JOB} preempted by urgent-eval: it checkpoints and goes back to the queue"):
             if seen.state == "succeeded":
                 raise IntegrityError(f"{JOB} finished before urgent-eval could preempt it")
         _wait(dev, urgent.id, console, "urgent-eval to finish", lambda j: j.state == "succeeded")

@@ -90,6 +90,7 @@ from _training_task import BATCH, LR, build_model, full_loss, loss_fn, reference
 from gantry.core import configure_logging
 from gantry.sched.spec import Privacy, Training
 from gantry.storage import KeyManager, LocalBackend, LocalKeyFile, ObjectStore
+from gantry.testing.ranks import run_ranks
 from gantry.training.checkpoint import CheckpointManager, capture
 from gantry.training.compression import CompressionHook
 from gantry.training.hooks import hooks_for
@@ -268,25 +269,13 @@ def run_workers(tmp: Path, steps: int, warmup: int) -> list[dict[str, Any]]:
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    logs = [tmp / f"rank{rank}.log" for rank in range(WORLD)]
-    workers = []
-    for rank in range(WORLD):
-        with logs[rank].open("wb") as log:
-            command = [sys.executable, __file__, "--worker", str(rank), str(tmp)]
-            workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        for worker in workers:
-            worker.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    for rank, worker in enumerate(workers):
-        if worker.returncode != 0:
-            raise RuntimeError(f"rank {rank} failed:\n{logs[rank].read_text()[-4000:]}")
-    return [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return run_ranks(
+        lambda rank: [sys.executable, __file__, "--worker", str(rank), str(tmp)],
+        tmp,
+        world=WORLD,
+        timeout_s=WORKER_TIMEOUT_S,
+        env=env,
+    )
 
 
 def bench_ddp(data: TensorDataset, tmp: Path, steps: int, warmup: int) -> dict[str, Any]:

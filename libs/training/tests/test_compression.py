@@ -13,9 +13,7 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gantry.core import ConfigError
+from gantry.testing.ranks import run_ranks
 from gantry.training.compression import (
     DEFAULT_CHUNK_SIZE,
     CompressionHook,
@@ -253,24 +252,13 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[s
     """Each rank's results per mode, from one run of two worker processes."""
     tmp = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two ranks share two cores
-    logs = [tmp / f"rank{rank}.log" for rank in range(WORLD)]
-    workers = []
-    for rank in range(WORLD):
-        with logs[rank].open("wb") as log:
-            command = [sys.executable, __file__, str(rank), str(tmp / "store"), str(tmp)]
-            workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        for worker in workers:
-            worker.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    for rank, worker in enumerate(workers):
-        assert worker.returncode == 0, f"rank {rank} failed:\n{logs[rank].read_text()}"
-    return [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return run_ranks(
+        lambda rank: [sys.executable, __file__, str(rank), str(tmp / "store"), str(tmp)],
+        tmp,
+        world=WORLD,
+        timeout_s=WORKER_TIMEOUT_S,
+        env=env,
+    )
 
 
 def test_ranks_end_with_identical_parameters(two_ranks: list[dict[str, dict[str, Any]]]) -> None:

@@ -15,10 +15,8 @@ import gc
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -36,6 +34,7 @@ import gantry.training.hooks
 from gantry.sched.spec import Privacy
 from gantry.storage import KeyManager, LocalBackend, LocalKeyFile, ObjectStore
 from gantry.storage.naming import body_name
+from gantry.testing.ranks import run_ranks
 from gantry.training.checkpoint import CheckpointManager
 from gantry.training.hooks import PrivacyHook, StoreCheckpoints, hooks_for
 from gantry.training.trainer import Hooks, StepMetrics, Trainer, TrainingOptions, WorkerEnv
@@ -341,26 +340,13 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Rank 0's results of every scenario, from one run of two worker processes."""
     tmp = tmp_path_factory.mktemp("ranks")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two ranks share two cores
-    logs = [tmp / f"rank{rank}.log" for rank in range(WORLD)]
-    workers = []
-    for rank in range(WORLD):
-        with logs[rank].open("wb") as log:
-            command = [sys.executable, __file__, str(rank), str(tmp)]
-            workers.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    try:
-        for worker in workers:
-            worker.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    for rank, worker in enumerate(workers):
-        assert worker.returncode == 0, f"rank {rank} failed:\n{logs[rank].read_text()}"
-    results: list[dict[str, Any]] = [
-        json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(WORLD)
-    ]
+    results = run_ranks(
+        lambda rank: [sys.executable, __file__, str(rank), str(tmp)],
+        tmp,
+        world=WORLD,
+        timeout_s=WORKER_TIMEOUT_S,
+        env=env,
+    )
     for mode in ("ddp", "fsdp"):  # the ranks agree on everything
         assert results[0][mode] == results[1][mode] | {"saved": results[0][mode]["saved"]}
         assert results[1][mode]["saved"] == []  # rank 0 writes, alone

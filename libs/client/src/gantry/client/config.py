@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import Field
 
 from gantry.core import CommonSettings, ConfigError
+from gantry.core.runfile import grpc_address, run_file
 
 
 class ClientSettings(CommonSettings):
@@ -39,14 +39,13 @@ class ClientSettings(CommonSettings):
         explicit = getattr(self, f"{service}_addr", None)
         if explicit:
             return str(explicit)
-        run_file = self.data_dir / "run" / f"{service}.json"
-        try:
-            return str(json.loads(run_file.read_text())["grpc"])
-        except (OSError, ValueError, KeyError):
+        found = grpc_address(self.data_dir, service)
+        if found is None:
             raise ConfigError(
-                f"don't know where the {service} service is: no {run_file}",
+                f"don't know where the {service} service is: no {run_file(self.data_dir, service)}",
                 hint=f"start the platform with 'gantry up' or set GANTRY_{service.upper()}_ADDR",
-            ) from None
+            )
+        return found
 
     def bearer(self) -> str:
         """The token to send."""

@@ -38,4 +38,12 @@ def write_run_file(
     return path
 
 
-__all__ = ["run_file", "write_run_file"]
+def grpc_address(data_dir: Path, service: str) -> str | None:
+    """The gRPC ``host:port`` a running ``service`` recorded, or None without a usable file."""
+    try:
+        return str(json.loads(run_file(data_dir, service).read_text())["grpc"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+__all__ = ["grpc_address", "run_file", "write_run_file"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from gantry.client.errors import RemoteNotFound
 from gantry.client.model_registry import ModelsClient
 from gantry.core import GantryError, NotFound, Unavailable, get_logger
-from gantry.core.runfile import run_file
+from gantry.core.runfile import grpc_address, run_file
 from gantry.events.catalog import JobScheduled
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.security.keyring import Keyring
@@ -55,15 +54,15 @@ class GovernanceLink:
         configured = self._settings.agent.governance_addr
         if configured:
             return configured
-        path = run_file(self._settings.data_dir, "governance")
-        try:
-            return str(json.loads(path.read_text())["grpc"])
-        except (OSError, ValueError, KeyError):
+        found = grpc_address(self._settings.data_dir, "governance")
+        if found is None:
+            path = run_file(self._settings.data_dir, "governance")
             raise Unavailable(
                 f"no governance address: GANTRY_AGENT__GOVERNANCE_ADDR is unset and {path} "
                 "does not exist",
                 hint="start the governance service, or set GANTRY_AGENT__GOVERNANCE_ADDR",
-            ) from None
+            )
+        return found
 
     def known(self) -> bool:
         """Whether a governance service is configured or runs on this platform."""

@@ -22,11 +22,11 @@ from typing import Any
 
 from gantry.core import InvalidInput
 from gantry.events.catalog import JobScheduled, WorkerPlacement
+from gantry.sched.spec import MILLI
 
 #: The module that runs a training task in a worker.
 RUNTIME_MODULE = "gantry.training.run"
 _PR_SET_PDEATHSIG = 1
-MILLI = 1000
 
 
 def worker_command(spec: Mapping[str, Any]) -> list[str]:

@@ -114,6 +114,14 @@ def test_transformer_text_is_fixed_and_within_its_alphabet() -> None:
     assert transformer.decode(transformer.encode(text[:200])) == text[:200]
 
 
+def test_the_transformer_advertises_itself_as_generative() -> None:
+    assert transformer.task.generation == {
+        "vocabulary": transformer.ALPHABET,
+        "context": transformer.CONTEXT,
+    }
+    assert all(load_task(example(n).task).generation is None for n in NAMES if n != "transformer")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_each_model_exports_with_a_dynamic_batch(name: str, tmp_path: Path) -> None:
     task = load_task(example(name).task)

@@ -47,6 +47,7 @@ TINY_TASK = f"""
         options={{"micro_batch_size": {BATCH}, "epochs": 2, "lr": 0.01, "device": "cpu"}},
         model_name="tiny",
         description="a tiny regression",
+        generation={{"vocabulary": "01", "context": 8}},  # copied into the signature as it is
     )
 """
 
@@ -183,6 +184,7 @@ def test_a_task_trains_exports_and_reports_progress(agent: Agent) -> None:
     assert 0 < manifest["metrics"]["eval_loss"] < 1
     assert manifest["code_version"].split()[-1].startswith("sha256:")
     assert manifest["signature"]["inputs"] == [{"shape": [-1, 8], "dtype": "float32"}]
+    assert manifest["signature"]["generation"] == {"vocabulary": "01", "context": 8}
     model = torch.export.load(str(agent.output / "model.pt2")).module()
     assert model(torch.randn(5, 8)).shape == (5, 1)
     # a finished run was not stopped: no stop checkpoint, so no marker

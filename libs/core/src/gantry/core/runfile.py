@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -18,9 +19,16 @@ def run_file(data_dir: Path, service: str) -> Path:
 
 
 def write_run_file(
-    data_dir: Path, service: str, *, host: str, grpc_port: int, metrics_port: int
+    data_dir: Path,
+    service: str,
+    *,
+    host: str,
+    grpc_port: int,
+    metrics_port: int,
+    extra: Mapping[str, str] | None = None,
 ) -> Path:
-    """Atomically record this process's pid, gRPC address and metrics URL; return the path."""
+    """Atomically record this process's pid, gRPC address and metrics URL (and ``extra``
+    addresses, e.g. a REST endpoint); return the path."""
     path = run_file(data_dir, service)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -31,6 +39,7 @@ def write_run_file(
                 "pid": os.getpid(),
                 "grpc": f"{host}:{grpc_port}",
                 "metrics": f"http://{host}:{metrics_port}/metrics",
+                **(extra or {}),
             }
         )
     )
@@ -38,12 +47,18 @@ def write_run_file(
     return path
 
 
-def grpc_address(data_dir: Path, service: str) -> str | None:
-    """The gRPC ``host:port`` a running ``service`` recorded, or None without a usable file."""
+def run_info(data_dir: Path, service: str, key: str) -> str | None:
+    """One address a running ``service`` recorded (``grpc``, ``metrics``, ``http``...), or
+    None without a usable file."""
     try:
-        return str(json.loads(run_file(data_dir, service).read_text())["grpc"])
+        return str(json.loads(run_file(data_dir, service).read_text())[key])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-__all__ = ["grpc_address", "run_file", "write_run_file"]
+def grpc_address(data_dir: Path, service: str) -> str | None:
+    """The gRPC ``host:port`` a running ``service`` recorded, or None without a usable file."""
+    return run_info(data_dir, service, "grpc")
+
+
+__all__ = ["grpc_address", "run_file", "run_info", "write_run_file"]

@@ -419,6 +419,50 @@ class QueueChanged(EventData):
     weight: float = 1.0
 
 
+class ServingVersionWeight(EventData):
+    """One version of a deployment and its share of the traffic."""
+
+    version: int = Field(ge=1)
+    weight: int = Field(ge=0, le=100)
+    role: str = "stable"
+
+
+class ServingChanged(EventData):
+    """A deployment changed: deployed, traffic moved, a canary stepped, promoted, rolled back,
+    a version was added, removed or swapped, or the deployment was removed."""
+
+    deployment: str
+    model: str
+    action: str
+    versions: list[ServingVersionWeight] = Field(default_factory=list)
+    detail: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServingVersionState(EventData):
+    """A deployed version was loaded (ready) or could not be (failed), or was unloaded."""
+
+    deployment: str
+    model: str
+    version: int = Field(ge=1)
+    state: str
+    reason: str = ""
+    device: str = "cpu"
+    quantized: bool = False
+    load_s: float = Field(default=0.0, ge=0)
+
+
+class ServingScaled(EventData):
+    """The autoscaler changed how many instances of a version run batches."""
+
+    deployment: str
+    model: str
+    version: int = Field(ge=1)
+    instances_from: int = Field(ge=0)
+    instances_to: int = Field(ge=0)
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class EventSpec:
     """One catalog entry."""
@@ -540,6 +584,15 @@ NODE_LOST = register("gantry.node.lost", 1, NodeLost, "A node missed its heartbe
 NODE_DEGRADED = register("gantry.node.degraded", 1, NodeHealth, "A node was marked degraded.")
 NODE_RECOVERED = register("gantry.node.recovered", 1, NodeHealth, "A node recovered.")
 QUEUE_CHANGED = register("gantry.job.queue.changed", 1, QueueChanged, "A queue quota changed.")
+SERVING_CHANGED = register(
+    "gantry.serving.deployment.changed", 1, ServingChanged, "A deployment or its traffic changed."
+)
+SERVING_VERSION = register(
+    "gantry.serving.version.state", 1, ServingVersionState, "A deployed version loaded or failed."
+)
+SERVING_SCALED = register(
+    "gantry.serving.scaled", 1, ServingScaled, "A deployed version's instances were scaled."
+)
 
 __all__ = [
     "AUDIT_CHECKPOINT",
@@ -567,6 +620,9 @@ __all__ = [
     "NODE_RECOVERED",
     "NODE_REGISTERED",
     "QUEUE_CHANGED",
+    "SERVING_CHANGED",
+    "SERVING_SCALED",
+    "SERVING_VERSION",
     "VERSION_COMMITTED",
     "VIEW_POLICY_CHANGED",
     "AuditCheckpoint",
@@ -598,6 +654,10 @@ __all__ = [
     "NodeLost",
     "NodeRegistered",
     "QueueChanged",
+    "ServingChanged",
+    "ServingScaled",
+    "ServingVersionState",
+    "ServingVersionWeight",
     "VersionCommitted",
     "ViewPolicyChanged",
     "WorkerPlacement",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import binascii
 import datetime as dt
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jwt
@@ -269,10 +270,40 @@ def _iso(epoch_s: int) -> str:
     return dt.datetime.fromtimestamp(epoch_s, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
+class ServiceToken:
+    """A service's own token: the configured one, else one issued (and renewed before it
+    expires) with the issuer key that ``issuer`` loads — the embedded platform's way."""
+
+    def __init__(
+        self,
+        name: str,
+        issuer: Callable[[], SigningKey],
+        *,
+        configured: str = "",
+        ttl: dt.timedelta = dt.timedelta(hours=12),
+    ) -> None:
+        self._name = name
+        self._issuer = issuer
+        self._ttl = ttl
+        self._token = configured
+        self._expires = float("inf") if configured else 0.0
+
+    def get(self) -> str:
+        """A token valid for at least ten more minutes."""
+        if self._token and time.time() < self._expires - 600:
+            return self._token
+        self._token = TokenIssuer(self._issuer()).issue(
+            self._name, ["service"], self._ttl, kind="service"
+        )
+        self._expires = time.time() + self._ttl.total_seconds()
+        return self._token
+
+
 __all__ = [
     "ALGORITHM",
     "DEFAULT_ISSUER",
     "MAX_TTL",
+    "ServiceToken",
     "TokenIssuer",
     "TokenVerifier",
     "parse_ttl",

@@ -45,7 +45,7 @@ from gantry.supervisor.nats_server import NatsServer, port_is_free
 
 DEFAULT_NATS_PORT = 4222
 #: The services ``gantry up`` runs, in start order.
-DEFAULT_SERVICES = ("audit", "governance", "scheduler")
+DEFAULT_SERVICES = ("audit", "governance", "scheduler", "serving")
 #: The node agent module local agents run.
 AGENT_MODULE = "gantry.training_agent"
 #: What a node agent logs once its node is registered and it takes placements.
@@ -461,7 +461,9 @@ class Platform:
         )
         if self._agent(name) is None:
             prefix = f"GANTRY_{name.upper()}__"
-            env.update({f"{prefix}GRPC_PORT": "0", f"{prefix}METRICS_PORT": "0"})
+            env.update(
+                {f"{prefix}GRPC_PORT": "0", f"{prefix}METRICS_PORT": "0", f"{prefix}HTTP_PORT": "0"}
+            )
         env.update(self.service_env)
         return env
 

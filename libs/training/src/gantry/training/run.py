@@ -173,6 +173,8 @@ def _finish(
     artifact, fmt, signature = export_model(
         module, example, settings.output_dir, quantize=task.quantize
     )
+    if task.generation is not None:
+        signature["generation"] = dict(task.generation)
     manifest = ModelManifest(
         name=task.model_name or job_name or "model",
         artifact=artifact,

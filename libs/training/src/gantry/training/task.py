@@ -55,6 +55,9 @@ class Task:
     ``entrypoint.args`` may override them as ``key=value``. ``model_name`` names the model in
     the registry (default: the job's name); ``quantize`` also exports a dynamically
     INT8-quantised version of the linear layers; ``register`` turns registration off.
+    ``generation``, for language models: ``{"vocabulary": ..., "context": ...}`` (character
+    ``vocabulary[i]`` is token ``i``; the model reads ``context`` tokens at once), which the
+    model's signature carries and serving uses to stream generated text.
     """
 
     model: ModelFn
@@ -68,6 +71,7 @@ class Task:
     quantize: bool = False
     register: bool = True
     description: str = ""
+    generation: Mapping[str, Any] | None = None
 
 
 @dataclass

@@ -9,7 +9,6 @@ job's owner may register it; the workers never hold credentials of their own bey
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +20,11 @@ from gantry.core.runfile import grpc_address, run_file
 from gantry.events.catalog import JobScheduled
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.security.keyring import Keyring
-from gantry.security.tokens import TokenIssuer
+from gantry.security.tokens import ServiceToken
 from gantry.training.export import ModelManifest
 from gantry.training_agent.settings import AgentSettings
 
 SERVICE_NAME = "training-agent"
-_TOKEN_TTL = dt.timedelta(hours=12)
 #: How long a grant is asked for while governance has not yet seen the job's placement.
 _GRANT_WAIT_S = 30.0
 _log = get_logger("gantry.training_agent")
@@ -46,8 +44,9 @@ class GovernanceLink:
     def __init__(self, settings: AgentSettings, keyring: Keyring) -> None:
         self._settings = settings
         self._keyring = keyring
-        self._token = settings.agent.token.get_secret_value()
-        self._token_expires = float("inf") if self._token else 0.0
+        self._service_token = ServiceToken(
+            SERVICE_NAME, keyring.issuer, configured=settings.agent.token.get_secret_value()
+        )
 
     def address(self) -> str:
         """The governance address (setting, else the embedded platform's run file)."""
@@ -72,14 +71,7 @@ class GovernanceLink:
 
     def token(self) -> str:
         """The agent's service token (issued here, and renewed, when none is configured)."""
-        if self._token and time.time() < self._token_expires - 600:
-            return self._token
-        issuer = self._keyring.issuer()
-        self._token = TokenIssuer(issuer).issue(
-            SERVICE_NAME, ["service"], _TOKEN_TTL, kind="service"
-        )
-        self._token_expires = time.time() + _TOKEN_TTL.total_seconds()
-        return self._token
+        return self._service_token.get()
 
     def _client(self) -> ModelsClient:
         return ModelsClient(self.address(), self.token())

@@ -280,5 +280,6 @@ task = Task(
     options={"epochs": 3, "micro_batch_size": 32, "lr": 3e-3},
     model_name="village-char-lm",
     description="A two-layer character-level transformer over the village grammar text.",
+    generation={"vocabulary": ALPHABET, "context": CONTEXT},
 )
 """The job's task: ``entrypoint: {task: gantry.training.examples.transformer:task}``."""

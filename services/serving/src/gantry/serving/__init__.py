@@ -1,0 +1,1 @@
+"""The serving service: registered models as Open Inference Protocol endpoints."""

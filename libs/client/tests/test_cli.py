@@ -365,6 +365,12 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "churn-model resumed from its checkpoint of step" in out
     assert "its agent registered model churn-classifier:" in out
     assert "registered model and its lineage" in out and "dev-engineer" in out
+    # serving: deployed, answered over REST and gRPC, canary promoted, broken one rolled back
+    assert "deployed churn-classifier v1" in out and "scored them over gRPC" in out
+    assert "churn probability" in out and "(answered by v1)" in out
+    assert "rolled out as a 20% canary and promoted by its checks" in out
+    assert "canary rolled back automatically; v2 keeps serving" in out
+    assert "history in the audit log" in out and "rolled_back" in out
 
 
 def test_verify_reports_a_tampered_log(tmp_path: Path, gantry: Gantry) -> None:

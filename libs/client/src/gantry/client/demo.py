@@ -1,7 +1,7 @@
 """``python -m gantry.client.demo`` (``make demo``): governed data, its audit trail and the
 training jobs that use it, end to end.
 
-Starts the embedded platform (NATS, the audit, governance and scheduler services, and two
+Starts the embedded platform (NATS, the audit, governance, scheduler and serving services, two
 local node agents) in a fresh temporary data directory. A data steward registers the
 ``customers`` dataset with PII columns and uploads rows (sharded and encrypted at rest); an
 annotator reads them raw; an ml-developer reads the same version de-identified, and is refused
@@ -12,8 +12,11 @@ low-priority one, which resumes from its checkpoint; the job table, placements, 
 user and one job's logs are printed. Then training for real (:mod:`gantry.client.demo_training`):
 the tabular example trains on 2 workers on the governed ``churn`` table, is preempted by a
 high-priority job, resumes from its checkpoint, finishes, and its model appears in the registry
-with its lineage. An outside service, ``feature-store``, reports 1,000
-reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then, as an
+with its lineage. Then serving (:mod:`gantry.client.demo_serving`): that model is deployed and
+answers over REST and gRPC; a second version (its INT8 quantisation) goes out as a canary and is
+promoted by its checks; a deliberately broken third version is rolled back automatically, and
+the rollout history is read back from the audit log. An outside service, ``feature-store``,
+reports 1,000 reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then, as an
 auditor: waits until the log holds everything, counts the events with a query, prints the
 access report for ``dataset/customers`` (the refused raw read among them), waits for a signed
 checkpoint, has the server verify the whole log and checks one inclusion proof locally. Exits 0
@@ -51,6 +54,8 @@ from gantry.client.demo_data import (
     samples_table,
 )
 from gantry.client.demo_jobs import AGENTS, SCHEDULER_ENV, JobsSummary, jobs_story
+from gantry.client.demo_serving import MODEL as SERVED_MODEL
+from gantry.client.demo_serving import ServingSummary, serving_story
 from gantry.client.demo_training import TrainingSummary, training_story
 from gantry.client.errors import RemoteNotFound
 from gantry.core import (
@@ -61,6 +66,7 @@ from gantry.core import (
     load_settings,
     new_id,
 )
+from gantry.core.runfile import run_info
 from gantry.supervisor.platform import Platform
 
 if TYPE_CHECKING:
@@ -85,6 +91,7 @@ class Summary:
     data: DataSummary | None = None
     jobs: JobsSummary | None = None
     training: TrainingSummary | None = None
+    serving: ServingSummary | None = None
     denied_in_report: int = 0
     in_log: int = 0
     report_rows: int = 0
@@ -192,7 +199,7 @@ def run(
     )
     try:
         with steps.step(
-            f"platform started (NATS; audit, governance and scheduler services; "
+            f"platform started (NATS; audit, governance, scheduler and serving services; "
             f"{len(AGENTS)} node agents)"
         ):
             platform.start(timeout_s=60)
@@ -217,6 +224,20 @@ def run(
             data_dir,
             steps.step,
             console,
+        )
+        model = summary.training.model
+        rest_url = run_info(data_dir, "serving", "http")
+        if model is None or rest_url is None:
+            raise Unavailable("no trained model or no serving REST address to continue with")
+        summary.serving = serving_story(
+            platform.address("serving"),
+            platform.address("governance"),
+            rest_url,
+            platform.address("audit"),
+            data_dir,
+            steps.step,
+            console,
+            model=model,
         )
         with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
             _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
@@ -320,6 +341,15 @@ def _summary_table(summary: Summary) -> Table:
         table.add_row(
             "registered model", f"{t.model.name} v{t.model.version}, lineage to its job and data"
         )
+    v = summary.serving
+    if v is not None and v.promoted is not None and v.rolled_back is not None:
+        table.add_row(
+            f"{SERVED_MODEL} served (REST {v.rest_url})",
+            f"v{max(v.rolled_back.weights(), default=0)} at 100%; "
+            f"{v.requests:,} requests during the rollouts",
+        )
+        table.add_row("canary v2 (INT8)", f"promoted ({v.int8_bytes:,} bytes vs {v.float_bytes:,})")
+        table.add_row("canary v3 (broken)", f"rolled back automatically in {v.rollback_s:.1f}s")
     table.add_row("events emitted by feature-store (signed)", f"{summary.emitted:,}")
     table.add_row("events in the audit log", f"{summary.in_log:,}")
     table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")

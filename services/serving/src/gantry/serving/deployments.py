@@ -347,8 +347,10 @@ class Deployment:
         )
 
     def set_traffic(self, weights: Mapping[int, int]) -> Change:
-        """A manual split over versions the deployment already holds (weights sum to 100)."""
-        self._no_canary("set weights by hand")
+        """A manual split over versions the deployment already holds (weights sum to 100).
+
+        During a canary it takes over: the analysis stops and the split stays as given (this is
+        how a canary's version gets into an A/B split)."""
         if not weights:
             raise InvalidInput("give at least one version=weight pair, e.g. 1=90 2=10")
         for version, weight in weights.items():
@@ -374,7 +376,11 @@ class Deployment:
         shadows = [s for s in self.slots if s.role == "shadow"]
         self.slots = [*new, *shadows]
         split = ", ".join(f"v{v}={w}%" for v, w in weights.items())
-        return Change("traffic", f"traffic split {split}", removed=dropped)
+        note = ""
+        if self.canary_active():
+            note = f"; canary v{self.canary.canary_version} stopped (manual split)"
+            self.canary = replace(self.canary, phase="")
+        return Change("traffic", f"traffic split {split}{note}", removed=dropped)
 
     def set_shadow(self, version: int, percent: int) -> Change:
         """Mirror ``percent`` of the requests to ``version`` (0 removes the shadow)."""

@@ -355,11 +355,12 @@ class Deployment:
             raise InvalidInput("give at least one version=weight pair, e.g. 1=90 2=10")
         for version, weight in weights.items():
             slot = self.slot(version)
-            if slot is None or slot.role == "shadow":
-                held = ", ".join(f"v{s.version}" for s in self.slots if s.role != "shadow")
+            if slot is None:
+                held = ", ".join(f"v{s.version}" for s in self.slots)
                 raise InvalidInput(
-                    f"v{version} is not a routed version of {self.name} (it holds {held})",
-                    hint="deploy it first (e.g. with --canary) before giving it traffic",
+                    f"v{version} is not a version of {self.name} (it holds {held})",
+                    hint="deploy it first (e.g. with --canary or --shadow) before giving it "
+                    "traffic",
                 )
             if not 0 <= weight <= 100:
                 raise InvalidInput(f"weight {weight} of v{version} must be 0..100")
@@ -373,7 +374,10 @@ class Deployment:
         dropped = tuple(
             s.version for s in self.slots if s.role != "shadow" and s.version not in weights
         )
-        shadows = [s for s in self.slots if s.role == "shadow"]
+        # a shadow named in the split takes routed traffic from now on (and mirrors no more)
+        shadows = [s for s in self.slots if s.role == "shadow" and s.version not in weights]
+        if not shadows:
+            self.spec = replace(self.spec, shadow_percent=0)
         self.slots = [*new, *shadows]
         split = ", ".join(f"v{v}={w}%" for v, w in weights.items())
         note = ""

@@ -69,7 +69,7 @@ def caller_of(context: Any) -> Caller:
                 "the authorization metadata must be 'Bearer <token>'",
                 hint="send a Gantry access token, or no authorization metadata at all",
             )
-    return Caller(token=token, sticky_key=headers.get(ROUTE_KEY), headers=headers)
+    return Caller(token=token, sticky_key=headers.get(ROUTE_KEY), headers=headers, protocol="grpc")
 
 
 async def _abort(context: Any, exc: Exception) -> NoReturn:

@@ -255,9 +255,33 @@ def test_overload_answers_503_and_scales_out(
     assert any(ch.isdigit() for ch in reason)  # the reason gives its numbers
 
 
-def test_metrics_expose_latency_histograms(platform: Platform, admin: str) -> None:
+def test_metrics_expose_latency_histograms(platform: Platform, admin: str, tmp_path: Path) -> None:
+    _register(platform, admin, "metered", Scale(1.0), torch.ones(2, FEATURES), tmp_path)
+    with ServingClient(platform.address("serving"), admin) as serving:
+        serving.deploy("metered")
+        serving.infer("metered", {"INPUT__0": np.ones((3, FEATURES), np.float32)})
     metrics = run_info(platform.data_dir, "serving", "metrics")
     assert metrics is not None
     text = httpx.get(metrics, timeout=10).text
-    assert 'gantry_serving_request_seconds_bucket{deployment="scale"' in text
+    assert 'gantry_serving_request_seconds_bucket{deployment="metered"' in text
+    assert 'gantry_serving_requests_total{code="200",deployment="metered",protocol="grpc"' in text
     assert "gantry_serving_batch_size_bucket" in text and "gantry_serving_queue_seconds" in text
+
+
+def test_a_following_deployment_canaries_each_new_version(
+    platform: Platform, admin: str, tmp_path: Path
+) -> None:
+    x = torch.ones(2, FEATURES)
+    v1 = _register(platform, admin, "nightly", Scale(1.0), x, tmp_path / "1")
+    with ServingClient(platform.address("serving"), admin) as serving:
+        info = serving.deploy("nightly", version=v1, follow_percent=25,
+                              canary={"interval_s": 3600})  # fmt: skip
+        assert info.follow_percent == 25
+        # the retrained model is registered: the deployment rolls it out as a 25% canary
+        v2 = _register(platform, admin, "nightly", Scale(1.5), x, tmp_path / "2")
+        deadline = time.monotonic() + 60
+        while (current := serving.get("nightly")).canary.phase != "progressing":
+            assert time.monotonic() < deadline, current
+            time.sleep(0.2)
+    assert current.canary.canary_version == v2 and current.weights() == {v1: 75, v2: 25}
+    assert current.history[-1].actor == "gantry/serving"

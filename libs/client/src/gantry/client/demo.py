@@ -16,8 +16,8 @@ with its lineage. Then serving (:mod:`gantry.client.demo_serving`): that model i
 answers over REST and gRPC; a second version (its INT8 quantisation) goes out as a canary and is
 promoted by its checks; a deliberately broken third version is rolled back automatically, and
 the rollout history is read back from the audit log. An outside service, ``feature-store``,
-reports 1,000 reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then, as an
-auditor: waits until the log holds everything, counts the events with a query, prints the
+reports 1,000 reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then,
+as an auditor: waits until the log holds everything, counts the events with a query, prints the
 access report for ``dataset/customers`` (the refused raw read among them), waits for a signed
 checkpoint, has the server verify the whole log and checks one inclusion proof locally. Exits 0
 when every step worked, 1 (with the failing step and the services' last log lines) otherwise.

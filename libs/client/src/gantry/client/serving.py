@@ -99,6 +99,7 @@ class DeploymentInfo:
     sticky_header: str
     shadow_percent: int
     settings: Mapping[str, Any]
+    follow_percent: int = 0
 
     @classmethod
     def from_pb(cls, d: pb.Deployment) -> DeploymentInfo:
@@ -141,6 +142,7 @@ class DeploymentInfo:
             anonymous=d.anonymous,
             sticky_header=d.sticky_header,
             shadow_percent=d.shadow_percent,
+            follow_percent=d.auto_canary_percent,
             settings={
                 "max_batch_size": d.batching.max_batch_size,
                 "max_queue_delay_us": d.batching.max_queue_delay_us,
@@ -227,16 +229,20 @@ class ServingClient:
         min_instances: int = 0,
         max_instances: int = 0,
         canary: Mapping[str, float] | None = None,
+        follow_percent: int = 0,
     ) -> DeploymentInfo:
         """Deploy ``model`` ``version`` (0 = latest): a new deployment, a hot swap, a canary at
         ``canary_percent`` or a shadow mirroring ``shadow_percent``. ``canary`` sets the
         analysis (step_percent, max_percent, interval_s, failure_threshold, min_success_rate,
-        max_p99_ms, min_requests). Returns once the version is loaded and warm (or raises
+        max_p99_ms, min_requests). ``follow_percent`` > 0 makes the deployment follow its model:
+        each newly registered version starts a canary at that weight (-1 stops following).
+        Returns once the version is loaded and warm (or raises
         why it cannot be served; what served before keeps serving)."""
         request = pb.DeployRequest(
             name=name, model=model, version=version, canary_percent=canary_percent,
             shadow_percent=shadow_percent, quantize=quantize, device=device,
             anonymous=anonymous, environment=environment, sticky_header=sticky_header,
+            auto_canary_percent=follow_percent,
         )  # fmt: skip
         if max_batch_size or queue_capacity or timeout_ms or max_queue_delay_us is not None:
             request.batching.CopyFrom(

@@ -304,8 +304,9 @@ class Platform:
         try:
             self._ensure_initialized()
             self._start_nats(max(1.0, min(15.0, deadline - time.monotonic())))
-            for name in self.services:
+            for name in self.services:  # independent processes: start them together
                 self._spawn(name)
+            for name in self.services:
                 self._wait_ready(name, deadline)
             for agent in self.agents:  # independent of each other: start them together
                 self._spawn(agent.name)

@@ -85,7 +85,7 @@ class ServingApi(serving_pb2_grpc.ServingServiceServicer):
         existing = self.rollouts.deployments.get(name)
         given = request.HasField("batching") or request.HasField("scaling") or bool(
             request.device or request.quantize or request.anonymous or request.environment
-            or request.sticky_header
+            or request.sticky_header or request.auto_canary_percent
         )  # fmt: skip
         spec = _spec(request, existing) if existing is None or given else None
         target = spec if spec is not None else existing.deployment.spec if existing else None
@@ -180,6 +180,11 @@ def _spec(request: pb.DeployRequest, existing: DeploymentRuntime | None) -> Serv
         environment=request.environment or base.environment,
         sticky_header=(request.sticky_header or base.sticky_header).lower(),
         shadow_percent=base.shadow_percent,
+        auto_canary_percent=(
+            0
+            if request.auto_canary_percent < 0  # -1 turns following off
+            else request.auto_canary_percent or base.auto_canary_percent
+        ),
     )
 
 
@@ -256,6 +261,7 @@ def deployment_pb(d: Deployment, running: DeploymentRuntime | None) -> pb.Deploy
         anonymous=s.anonymous,
         environment=s.environment,
         shadow_percent=s.shadow_percent,
+        auto_canary_percent=s.auto_canary_percent,
         history=[
             pb.HistoryEntry(at_ms=h.at_ms, action=h.action, detail=h.detail, actor=h.actor)
             for h in d.history

@@ -43,6 +43,7 @@ from gantry.serving import store
 from gantry.serving.api import METHOD_RULES, SERVICE, ServingApi
 from gantry.serving.backend import Backend
 from gantry.serving.batcher import BatchingConfig
+from gantry.serving.consumers import ModelEvents
 from gantry.serving.gate import SERVICE_NAME, Gate
 from gantry.serving.grpc_inference import InferenceServicer, add_to_server
 from gantry.serving.registry import RegistryLink
@@ -185,8 +186,10 @@ class ServingService:
         http, _thread = start_http_server(o.metrics_port, addr=o.grpc_host)
         self.metrics_port = http.server_port
         await rollouts.restore()
+        models = ModelEvents(bus, rollouts, self.engine, publisher, verifier=self.keyring.trust())
         tasks = [
             asyncio.create_task(relay.run(), name="outbox"),
+            asyncio.create_task(models.run(), name="models"),
             asyncio.create_task(self._every(_ANALYSIS_TICK_S, "analyse"), name="canary"),
             asyncio.create_task(self._every(o.autoscale_interval_s, "scale"), name="autoscale"),
         ]
@@ -211,6 +214,7 @@ class ServingService:
         _log.info("serving service stopping")
         for name in ("", SERVICE, INFERENCE_SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        models.stop()
         rest.should_exit = True
         await server.stop(grace=5)
         await rest_task

@@ -90,6 +90,7 @@ class ServingSpec:
     environment: str = "staging"
     sticky_header: str = ""
     shadow_percent: int = 0
+    auto_canary_percent: int = 0  #: > 0: new registered versions start a canary at this weight
 
     def check(self) -> ServingSpec:
         """Itself, or :class:`InvalidInput` naming the bad field."""
@@ -118,6 +119,10 @@ class ServingSpec:
             )
         if not 0 <= self.shadow_percent <= 100:
             raise InvalidInput(f"shadow_percent {self.shadow_percent} must be 0..100")
+        if not 0 <= self.auto_canary_percent <= 99:
+            raise InvalidInput(
+                f"auto_canary_percent {self.auto_canary_percent} must be 0..99 (0 = off)"
+            )
         return self
 
 

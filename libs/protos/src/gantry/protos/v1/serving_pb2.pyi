@@ -274,6 +274,7 @@ class Deployment(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
     UPDATED_MS_FIELD_NUMBER: _builtins.int
+    AUTO_CANARY_PERCENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """the endpoint: /v2/models/<name>"""
     model: _builtins.str
@@ -292,6 +293,8 @@ class Deployment(_message.Message):
     """of requests mirrored to the shadow version"""
     created_ms: _builtins.int
     updated_ms: _builtins.int
+    auto_canary_percent: _builtins.int
+    """new registered versions start a canary at this weight"""
     @_builtins.property
     def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___VersionState]: ...
     @_builtins.property
@@ -323,10 +326,11 @@ class Deployment(_message.Message):
         history: _abc.Iterable[Global___HistoryEntry] | None = ...,
         created_ms: _builtins.int = ...,
         updated_ms: _builtins.int = ...,
+        auto_canary_percent: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batching", b"batching", "canary", b"canary", "canary_spec", b"canary_spec", "scaling", b"scaling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "batching", b"batching", "canary", b"canary", "canary_spec", b"canary_spec", "created_ms", b"created_ms", "device", b"device", "environment", b"environment", "history", b"history", "model", b"model", "name", b"name", "quantize", b"quantize", "scaling", b"scaling", "shadow_percent", b"shadow_percent", "sticky_header", b"sticky_header", "updated_ms", b"updated_ms", "versions", b"versions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "auto_canary_percent", b"auto_canary_percent", "batching", b"batching", "canary", b"canary", "canary_spec", b"canary_spec", "created_ms", b"created_ms", "device", b"device", "environment", b"environment", "history", b"history", "model", b"model", "name", b"name", "quantize", b"quantize", "scaling", b"scaling", "shadow_percent", b"shadow_percent", "sticky_header", b"sticky_header", "updated_ms", b"updated_ms", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -349,6 +353,7 @@ class DeployRequest(_message.Message):
     ANONYMOUS_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     STICKY_HEADER_FIELD_NUMBER: _builtins.int
+    AUTO_CANARY_PERCENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """default: the model's name"""
     model: _builtins.str
@@ -364,6 +369,8 @@ class DeployRequest(_message.Message):
     environment: _builtins.str
     """default: staging"""
     sticky_header: _builtins.str
+    auto_canary_percent: _builtins.int
+    """> 0: new registered versions start a canary at this weight; -1: stop"""
     @_builtins.property
     def batching(self) -> Global___BatchingSpec: ...
     @_builtins.property
@@ -386,10 +393,11 @@ class DeployRequest(_message.Message):
         anonymous: _builtins.bool = ...,
         environment: _builtins.str = ...,
         sticky_header: _builtins.str = ...,
+        auto_canary_percent: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batching", b"batching", "canary_spec", b"canary_spec", "scaling", b"scaling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "batching", b"batching", "canary_percent", b"canary_percent", "canary_spec", b"canary_spec", "device", b"device", "environment", b"environment", "model", b"model", "name", b"name", "quantize", b"quantize", "scaling", b"scaling", "shadow_percent", b"shadow_percent", "sticky_header", b"sticky_header", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "auto_canary_percent", b"auto_canary_percent", "batching", b"batching", "canary_percent", b"canary_percent", "canary_spec", b"canary_spec", "device", b"device", "environment", b"environment", "model", b"model", "name", b"name", "quantize", b"quantize", "scaling", b"scaling", "shadow_percent", b"shadow_percent", "sticky_header", b"sticky_header", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

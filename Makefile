@@ -42,6 +42,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/sched_jct.py --quick
 	$(PY) bench/sched_latency.py --quick
 	$(PY) bench/training.py --quick
+	$(PY) bench/serving.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -51,6 +52,7 @@ bench: $(STAMP)
 	$(PY) bench/sched_jct.py
 	$(PY) bench/sched_latency.py
 	$(PY) bench/training.py
+	$(PY) bench/serving.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

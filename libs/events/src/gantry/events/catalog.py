@@ -440,7 +440,7 @@ class ServingChanged(EventData):
 
 
 class ServingVersionState(EventData):
-    """A deployed version was loaded (ready) or could not be (failed), or was unloaded."""
+    """A deployed version was loaded (ready) or could not be (failed)."""
 
     deployment: str
     model: str

@@ -79,7 +79,7 @@ class Backend:
 
     def model_ready(self, name: str, version: str, caller: Caller) -> bool:
         """Whether the model (or that version) answers now."""
-        running = self._deployment(name, caller, "read", "ModelReady")
+        running = self._deployment(name, caller, "infer", "ModelReady")
         if version:
             number = _number(version)
             runtime = running.versions.get(number)
@@ -90,7 +90,7 @@ class Backend:
 
     def model_metadata(self, name: str, version: str, caller: Caller) -> ModelMetadata:
         """The model's inputs and outputs, from the version named or the stable one."""
-        running = self._deployment(name, caller, "read", "ModelMetadata")
+        running = self._deployment(name, caller, "infer", "ModelMetadata")
         d = running.deployment
         if version:
             runtime = running.version(_number(version))
@@ -326,6 +326,16 @@ def _ordered_inputs(request: InferRequest, specs: Any, name: str) -> list[np.nda
                 f"model {name!r}: input {spec.name} is {tensor.datatype}, the model takes "
                 f"{spec.datatype}",
                 hint=f"send {spec.name} with datatype {spec.datatype}",
+            )
+        # checked here, not by the model in the batcher (where it would be a 500 ModelFailed)
+        shape = tuple(np.shape(tensor.data))
+        if len(shape) != len(spec.shape) or any(
+            want >= 0 and got != want for want, got in zip(spec.shape[1:], shape[1:], strict=False)
+        ):
+            raise BadRequest(
+                f"model {name!r}: input {spec.name} has shape {list(shape)}, the model takes "
+                f"{list(spec.shape)} (-1 = any size, the first is the batch)",
+                hint=f"send {spec.name} with shape {list(spec.shape)}",
             )
         arrays.append(tensor.data)
     return arrays

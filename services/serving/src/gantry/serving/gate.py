@@ -2,7 +2,8 @@
 
 Management calls go through the gRPC :class:`~gantry.security.AuthInterceptor` like every
 other service's. Inference calls are checked here, per deployment: ``infer`` on ``model`` for
-inference, ``read`` on ``model`` for metadata and readiness. A deployment may serve callers
+inference and for the model's metadata and readiness (whoever may call a model may learn how;
+``read`` on ``model`` would also let them download its weights from the registry). A deployment may serve callers
 without a token only when both the service (``allow_anonymous``) and the deployment's spec
 (``anonymous: true``) say so.
 

@@ -36,7 +36,7 @@ from gantry.events.catalog import (
     ServingVersionState,
     ServingVersionWeight,
 )
-from gantry.serving import store
+from gantry.serving import metrics, store
 from gantry.serving.batcher import BatchingConfig
 from gantry.serving.canary import judge
 from gantry.serving.deployments import (
@@ -60,6 +60,8 @@ from gantry.serving.runtime import Artifact, LoadedModel, load_model
 
 _log = get_logger("gantry.serving")
 
+#: How long a version restored after a restart waits for an unavailable registry.
+RESTORE_RETRY_S = 300.0
 #: Fetches a registered version: (model, version) -> Artifact. Version 0 = latest.
 Fetch = Callable[[str, int], Artifact]
 
@@ -191,6 +193,14 @@ class Rollouts:
                     updated_ms=now,
                 )
                 running = DeploymentRuntime(fresh)
+            held = running.versions.get(version)
+            if held is not None and held.state == "failed" and not canary_percent:
+                # a held version that could not be loaded (e.g. after a restart): load it again
+                d = running.deployment
+                await self._load_version(running, d, version, artifact, actor=actor)
+                await self._commit(running, Change("reloaded", f"{model} v{version} loaded again"),
+                                   actor)  # fmt: skip
+                return d
             draft = _copy(running.deployment)
             # the options of an existing deployment change only when given
             if spec is not None:
@@ -278,6 +288,7 @@ class Rollouts:
             del self.deployments[name]
             self._next_check.pop(name, None)
             for runtime in running.versions.values():
+                metrics.forget_version(name, str(runtime.version))
                 self._spawn(stop_version(runtime, self._drain_timeout_s))
             d.history.append(entry)
             return d
@@ -393,12 +404,26 @@ class Rollouts:
         d = running.deployment
         runtime = VersionRuntime(d.name, version)
         running.versions[version] = runtime
-        try:
-            artifact = await asyncio.to_thread(self._fetch, d.model, version)
-        except Exception as exc:  # the registry may be down or refuse: keep the reason
-            runtime.state, runtime.reason = "failed", str(exc)
-            await asyncio.to_thread(self._record_state, d, runtime, 0.0, actor)
-            return
+        delay = 0.5
+        deadline = time.monotonic() + RESTORE_RETRY_S
+        while True:
+            try:
+                artifact = await asyncio.to_thread(self._fetch, d.model, version)
+                break
+            except Unavailable as exc:  # the registry is not up yet (it starts beside us)
+                if time.monotonic() + delay > deadline or running.versions.get(version) is not (
+                    runtime
+                ):
+                    runtime.state, runtime.reason = "failed", str(exc)
+                    await asyncio.to_thread(self._record_state, d, runtime, 0.0, actor)
+                    return
+                runtime.reason = f"waiting for the registry: {exc}"
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+            except Exception as exc:  # the registry refuses it: keep the reason
+                runtime.state, runtime.reason = "failed", str(exc)
+                await asyncio.to_thread(self._record_state, d, runtime, 0.0, actor)
+                return
         spec = d.spec
 
         def load() -> LoadedModel:
@@ -446,8 +471,11 @@ class Rollouts:
         running.rebuild_router()
         _log.info("deployment changed", deployment=d.name, action=change.action,
                   detail=change.detail, actor=actor)  # fmt: skip
+        for slot in d.slots:
+            metrics.set_canary_weight(d.name, str(slot.version), slot.weight / 100)
         for version in change.removed:
             if d.slot(version) is None:
+                metrics.forget_version(d.name, str(version))
                 runtime = running.versions.pop(version, None)
                 if runtime is not None:
                     self._spawn(stop_version(runtime, self._drain_timeout_s))

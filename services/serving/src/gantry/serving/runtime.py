@@ -644,11 +644,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else "(no message)"
 
 
+#: torch.export.load keeps its deserializer in a process-wide global ("_CURRENT_DESERIALIZER
+#: is already set" when two threads load at once) and warnings.catch_warnings swaps the
+#: process's filters: loads and copies from several threads take turns.
+_LOADING = threading.RLock()
+
+
 @contextmanager
 def _quiet() -> Iterator[None]:
     """torch.jit.load, torch.export.load and deep copies of exported modules warn about
-    deprecations that are torch's business, not the caller's."""
-    with warnings.catch_warnings():
+    deprecations that are torch's business, not the caller's (one thread at a time)."""
+    with _LOADING, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         yield

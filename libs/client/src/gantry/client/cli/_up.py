@@ -99,6 +99,8 @@ def _print_where(out: Console, platform: Platform) -> None:
     for name in platform.services:
         info = platform.service_info(name)
         table.add_row(f"{name} gRPC", str(info.get("grpc", "")))
+        if info.get("http"):
+            table.add_row(f"{name} REST", f"{info['http']}/v2")
         if info.get("metrics"):
             table.add_row(f"{name} metrics", str(info["metrics"]))
     for agent in platform.agents:

@@ -4,7 +4,9 @@ whole command group against the real platform (NATS, audit, governance and servi
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,8 +227,8 @@ def _deployment() -> DeploymentInfo:
                                 reason="warm-up failed [shape]"),
             ],
             canary=pb.CanaryStatus(phase="progressing", canary_version=2, stable_version=1,
-                                   weight=20, failed_checks=1,
-                                   last_check="success 98.0% < 99.0%", started_ms=1_767_225_600_000),
+                                   weight=20, failed_checks=1, started_ms=1_767_225_600_000,
+                                   last_check="success 98.0% < 99.0%"),
             canary_spec=pb.CanarySpec(step_percent=10, max_percent=50, interval_s=60,
                                       failure_threshold=5, min_success_rate=0.99,
                                       max_p99_ms=500, min_requests=10),
@@ -290,12 +292,14 @@ def test_status_prints_versions_canary_settings_and_history(gantry: Run, fake: F
     assert "v1 80% / v2 20% + shadow v3 5%" in out
     for text in ("1,200", "12.5", "warm-up failed [shape]", "5% mirrored", "progressing",
                  "1/5", "success 98.0% < 99.0%", "x-user-id", "500 µs", "step 10%",
-                 "canary.started", "canary scorer v2 gets 20%, v1 keeps 80%", "dev",
+                 "canary.started", "canary scorer v2 gets 20%,", "dev", "settings",
                  "2026-01-01 00:00:00"):  # fmt: skip
         assert text in out, text
     assert "REST" not in out  # the fake's address is no platform of the data directory
     listed = gantry("serve", "list")
-    assert listed.code == 0 and "v1 80% / v2 20%" in listed.out and "progressing v2 20%" in listed.out
+    assert (
+        listed.code == 0 and "v1 80% / v2 20%" in listed.out and "progressing v2 20%" in listed.out
+    )
     assert "production" in listed.out
     as_json = json.loads(gantry("serve", "status", "scorer", "--json").out)
     assert as_json["canary"]["phase"] == "progressing" and as_json["endpoint"] is None
@@ -307,7 +311,8 @@ def test_deploy_sends_the_parsed_options(gantry: Run, fake: FakeClient) -> None:
     result = gantry("serve", "deploy", "--model", "scorer", "--version", "2", "--canary", "20%",
                     "--env", "production", "--device", "cuda:0", "--quantize",
                     "--canary-interval", "1m", "--canary-success-rate", "99.5%",
-                    "--canary-step", "5", "--canary-p99-ms", "250", "--max-queue-delay-us", "0")  # fmt: skip
+                    "--canary-step", "5", "--canary-p99-ms", "250",
+                    "--max-queue-delay-us", "0")  # fmt: skip
     assert result.code == 0, result.err
     assert "canary scorer v2 gets 20%" in result.out and "progressing at 20%" in result.out
     (_, sent), *_ = fake.calls
@@ -327,32 +332,208 @@ def test_infer_prints_the_version_and_outputs(gantry: Run, fake: FakeClient) -> 
     assert shown.code == 0, shown.err
     assert "scorer v2 answered" in shown.out and "OUTPUT__0 (FP32, 1x2)" in shown.out
     assert "[[0.25 0.75]]" in shown.out
-    as_json = json.loads(gantry("serve", "infer", "scorer", "-i", "INPUT__0=[[1, 2]]", "--json").out)
+    as_json = json.loads(
+        gantry("serve", "infer", "scorer", "-i", "INPUT__0=[[1, 2]]", "--json").out
+    )
     assert as_json["model_version"] == "2"
     assert as_json["outputs"] == [
         {"name": "OUTPUT__0", "datatype": "FP32", "shape": [1, 2], "data": [0.25, 0.75]}
     ]
 
 
-def test_generate_streams_each_piece(
-    fake: FakeClient, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import sys
+def test_generate_streams_each_piece(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Recorder(io.StringIO):
+        """Standard output that notes what was written by each flush."""
 
-    flushed: list[str] = []
-    original = sys.stdout.flush
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushed: list[str] = []
+            self.mark = 0
 
-    def flush() -> None:
-        flushed.append(capsys.readouterr().out)
-        original()
+        def flush(self) -> None:
+            text = self.getvalue()
+            if len(text) > self.mark:
+                self.flushed.append(text[self.mark :])
+                self.mark = len(text)
+            super().flush()
 
-    monkeypatch.setattr(sys.stdout, "flush", flush)
+    stdout = Recorder()
+    monkeypatch.setattr(sys, "stdout", stdout)
     code = cli.main(["serve", "generate", "lm", "Hi", "--max-tokens", "3", "--seed", "7"])
     assert code == 0
-    assert flushed[:3] == ["Hel", "lo", " [world]"]  # one flush per piece, as it came
+    assert stdout.getvalue() == "Hello [world]\n"  # raw: rich markup is not applied
+    assert stdout.flushed[:3] == ["Hel", "lo", " [world]"]  # one flush per piece, as it came
     assert fake.calls[-1] == (
         "generate", {"prompt": "Hi", "max_tokens": 3, "temperature": 0.0, "seed": 7}
     )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from gantry.supervisor.platform import Platform
+
+    data = tmp_path_factory.mktemp("serve-platform") / "data"
+    logs: list[str] = []
+    running = Platform(
+        data,
+        services=("audit", "governance", "serving"),
+        nats_port=0,
+        service_env={"GANTRY_SERVING__TORCH_THREADS": "1"},
+        log_sink=logs.append,
+    )
+    running.start()
+    yield running
+    running.stop()
+
+
+def _models(platform: Any, admin: str, tmp: Path) -> dict[int, Any]:
+    """Register scorer v1 and v2 (two small MLPs) and lm v1 (a tiny generative model)."""
+    import torch
+    from torch import nn
+
+    from gantry.client.model_registry import ModelsClient
+    from gantry.training.export import export_model
+
+    class Mlp(nn.Module):
+        def __init__(self, seed: int) -> None:
+            super().__init__()
+            torch.manual_seed(seed)
+            self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.net(x), dim=-1)
+
+    class TinyLm(nn.Module):
+        """Token ids (batch, context) to logits (batch, context, vocabulary): per position."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = nn.Embedding(3, 4)
+            self.out = nn.Linear(4, 3)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(ids))
+
+    eager = {}
+    with ModelsClient(platform.address("governance"), admin) as registry:
+        for version in (1, 2):
+            model = Mlp(version).eval()
+            eager[version] = model
+            name, fmt, signature = export_model(
+                model, torch.randn(4, FEATURES), tmp / f"v{version}"
+            )
+            registry.register_model("scorer", tmp / f"v{version}" / name, framework="pytorch",
+                                    signature={**signature, "format": fmt})  # fmt: skip
+        ids = torch.zeros(2, 8, dtype=torch.long)
+        name, fmt, signature = export_model(TinyLm().eval(), ids, tmp / "lm")
+        signature = {**signature, "format": fmt, "generation": {"vocabulary": "abc", "context": 8}}
+        registry.register_model("lm", tmp / "lm" / name, framework="pytorch", signature=signature)
+    return eager
+
+
+def test_serve_through_the_cli(platform: Any, gantry: Run, tmp_path: Path) -> None:
+    import torch
+
+    from gantry.client.admin import create_token
+
+    admin = create_token(platform.data_dir, "admin", ["platform-admin"])
+    developer = create_token(platform.data_dir, "dev", ["ml-developer"])
+    eager = _models(platform, admin, tmp_path)
+
+    def serve(*args: str | Path, token: str = admin) -> Result:
+        return gantry("serve", *args, "--data-dir", platform.data_dir, "--token", token)
+
+    deployed = serve("deploy", "--model", "scorer", "--version", "1", "--max-batch-size", "8",
+                     "--max-queue-delay-us", "500")  # fmt: skip
+    assert deployed.code == 0, deployed.err
+    assert "scorer v1 serves 100%" in deployed.out and "ready" in deployed.out
+
+    x = np.random.default_rng(0).standard_normal((3, FEATURES)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    expected = eager[1](torch.from_numpy(x)).detach().numpy()
+    answered = serve("infer", "scorer", "--input", f"INPUT__0=@{tmp_path / 'x.npy'}", "--json")
+    assert answered.code == 0, answered.err
+    reply = json.loads(answered.out)
+    assert reply["model_version"] == "1"
+    (output,) = reply["outputs"]
+    assert (output["name"], output["shape"]) == ("OUTPUT__0", [3, 3])
+    got = np.array(output["data"], dtype=np.float32).reshape(3, 3)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    row = json.dumps(x[:1].tolist())
+    printed = serve("infer", "scorer", "--input", f"INPUT__0={row}")
+    assert printed.code == 0 and "scorer v1 answered" in printed.out, printed.err
+    wrong = serve("infer", "scorer", "--input", "INPUT__0=[[1, 2]]")
+    assert wrong.code == 2 and "gantry: error:" in wrong.err
+
+    no_canary = serve("rollback", "scorer")
+    assert no_canary.code == 2
+    assert "has no canary in progress" in no_canary.err and "--canary" in no_canary.err
+    refused = serve("deploy", "--model", "scorer", "--name", "prod", "--env", "production",
+                    token=developer)  # fmt: skip
+    assert refused.code == 2 and "production" in refused.err
+
+    # a canary that cannot move on its own: no traffic, so every check is skipped
+    canary = serve("deploy", "--model", "scorer", "--version", "2", "--canary", "20%",
+                   "--canary-interval", "0.3", "--canary-step", "30%", "--canary-max", "60",
+                   "--canary-min-requests", "1000", "--canary-failures", "2")  # fmt: skip
+    assert canary.code == 0, canary.err
+    assert "canary scorer v2 gets 20%, v1 keeps 80%" in canary.out
+    listed = serve("list")
+    assert listed.code == 0 and "v1 80% / v2 20%" in listed.out and "progressing" in listed.out
+    status = serve("status", "scorer")
+    assert status.code == 0, status.err
+    assert "/v2/models/scorer/infer" in status.out and "canary.started" in status.out
+    assert "progressing v2 against v1" in status.out
+
+    promoted = serve("promote", "scorer")
+    assert promoted.code == 0 and "v2 promoted to 100%" in promoted.out, promoted.err
+    detail = json.loads(serve("status", "scorer", "--json").out)
+    assert detail["canary"]["phase"] == "promoted"
+    assert [(v["version"], v["weight"]) for v in detail["versions"]] == [(2, 100)]
+    assert detail["history"][-1]["action"] == "promoted"
+    assert detail["endpoint"].endswith("/v2/models/scorer/infer")
+    assert "promoted" in serve("status", "scorer").out
+    asked = serve("infer", "scorer", "-i", f"INPUT__0={row}", "--version", "v2")
+    assert asked.code == 0 and "scorer v2 answered" in asked.out, asked.err
+
+    # an A/B split: v1 comes back as a canary, and a manual split takes over from the analysis
+    assert serve("deploy", "--model", "scorer", "--version", "1", "--canary", "10").code == 0
+    split = serve("traffic", "scorer", "1=50", "2=50", "--sticky-header", "X-User-Id")
+    assert split.code == 0, split.err
+    assert (
+        "traffic split v1=50%, v2=50%" in split.out and "sticky routing by x-user-id" in split.out
+    )
+    assert "v1 50% / v2 50%" in serve("list").out
+    detail = json.loads(serve("status", "scorer", "--json").out)
+    assert detail["sticky_header"] == "x-user-id" and detail["canary"]["phase"] != "progressing"
+    no_canary = serve("rollback", "scorer")
+    assert no_canary.code == 2 and "has no canary in progress" in no_canary.err
+    back_to_one = serve("traffic", "scorer", "2=100", "--no-sticky")
+    assert back_to_one.code == 0 and "sticky routing off" in back_to_one.out, back_to_one.err
+    bad_split = serve("traffic", "scorer", "7=100")
+    assert bad_split.code == 2 and "v7 is not a version of scorer" in bad_split.err
+
+    # roll a canary back by hand, with the reason kept
+    again = serve("deploy", "--model", "scorer", "--version", "1", "--canary", "10")
+    assert again.code == 0, again.err
+    back = serve("rollback", "scorer", "--reason", "p99 too high")
+    assert back.code == 0 and "rolled back: p99 too high" in back.out, back.err
+
+    lm = serve("deploy", "--model", "lm")
+    assert lm.code == 0, lm.err
+    text = serve("generate", "lm", "ab", "--max-tokens", "5", "--seed", "1")
+    assert text.code == 0, text.err
+    assert text.out.endswith("\n") and len(text.out) == 6 and set(text.out[:-1]) <= set("abc")
+    not_lm = serve("generate", "scorer", "ab")
+    assert not_lm.code == 2 and "gantry: error:" in not_lm.err
+
+    for name in ("scorer", "lm"):
+        gone = serve("undeploy", name)
+        assert gone.code == 0 and f"undeployed {name}" in gone.out, gone.err
+    missing = serve("status", "scorer")
+    assert missing.code == 2 and "not found" in missing.err
+    assert "0 deployments" in serve("list").out

@@ -34,6 +34,12 @@ class ClientSettings(CommonSettings):
         "<data_dir>/run/scheduler.json.",
     )
 
+    serving_addr: str | None = Field(
+        default=None,
+        description="host:port of the serving gRPC API (management and inference); default: "
+        "from <data_dir>/run/serving.json.",
+    )
+
     def address(self, service: str) -> str:
         """host:port of ``service``: the explicit setting, else the running platform's file."""
         explicit = getattr(self, f"{service}_addr", None)

@@ -375,10 +375,26 @@ def serve_deploy(
             show_default=False,
         ),
     ] = None,
+    follow: Annotated[
+        str | None,
+        typer.Option(
+            "--follow",
+            help="Follow the model: each newly registered version starts a canary at this "
+            "weight (e.g. 10%); 'off' stops following.",
+            show_default=False,
+        ),
+    ] = None,
     data_dir: DataDirOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Deploy a model version: new, hot swap, canary (--canary) or shadow (--shadow)."""
+    follow_percent = 0
+    if follow is not None:
+        follow_percent = (
+            -1
+            if follow.strip().lower() == "off"
+            else parse_percent(follow, "--follow", low=1, high=99)
+        )
     canary_percent = parse_percent(canary, "--canary", low=1, high=99) if canary else 0
     shadow_percent = parse_percent(shadow, "--shadow", low=1) if shadow else 0
     if canary_percent and shadow_percent:
@@ -419,6 +435,7 @@ def serve_deploy(
             min_instances=min_instances,
             max_instances=max_instances,
             canary=policy or None,
+            follow_percent=follow_percent,
         )
     _print_change(state_of(ctx), info)
 
@@ -624,7 +641,8 @@ def serve_infer(
         ),
     ] = None,
     version: Annotated[
-        str, typer.Option("--version", help="Ask this version; default: the router picks.")
+        str,
+        typer.Option("--version", help="Ask this version (2 or v2); default: the router picks."),
     ] = "",
     as_json: JsonOpt = False,
     data_dir: DataDirOpt = None,
@@ -634,7 +652,7 @@ def serve_infer(
     arrays = parse_inputs(inputs, datatype)
     settings = command_settings(ctx, data_dir, token)
     with serving_client(settings) as client:
-        answered, outputs = client.infer(name, arrays, version=version)
+        answered, outputs = client.infer(name, arrays, version=version.strip().removeprefix("v"))
     if as_json:
         print(json.dumps(_outputs_json(name, answered, outputs), indent=2))
         return
@@ -757,7 +775,7 @@ def _print_change(state: State, info: DeploymentInfo) -> None:
     """What a management call did (its history entry) and the deployment's weights."""
     what = info.history[-1].detail if info.history else f"deployment {info.name} updated"
     state.out.print(f"{info.name}: {what}", markup=False, highlight=False)
-    state.out.print(_versions_table(info, brief=True))
+    _print_versions(state, info, load=False)
     if info.canary.phase == "progressing":
         spec = info.settings["canary"]
         state.out.print(
@@ -770,24 +788,46 @@ def _print_change(state: State, info: DeploymentInfo) -> None:
         )
 
 
-def _versions_table(info: DeploymentInfo, *, brief: bool = False) -> Table:
+def _versions_table(info: DeploymentInfo) -> Table:
+    """Each version's place in the deployment (two tables fit 80 columns; one would not)."""
     table = Table(title=f"{info.name} ({info.model})")
-    columns = ["version", "role", "weight", "state", "instances"]
-    if not brief:
-        columns += ["requests", "errors", "p99 ms", "queued"]
-    columns += ["device", "quantized"]
-    numeric = {"version", "weight", "instances", "requests", "errors", "p99 ms", "queued"}
-    for col in columns:
-        table.add_column(col, justify="right" if col in numeric else "left")
+    for col in ("version", "role", "weight", "state", "instances", "device", "quantized"):
+        table.add_column(col, justify="right" if col in _NUMERIC else "left")
     for v in info.versions:
-        weight = f"{info.shadow_percent}% mirrored" if v.role == "shadow" else f"{v.weight}%"
-        state = _styled(v.state) + (f" ({escape(v.reason)})" if v.reason else "")
-        cells = [f"v{v.version}", escape(v.role), weight, state, str(v.instances)]
-        if not brief:
-            cells += [f"{v.requests:,}", f"{v.errors:,}", f"{v.p99_ms:.1f}", str(v.queued)]
-        cells += [escape(v.device), "yes" if v.quantized else "no"]
-        table.add_row(*cells)
+        weight = f"mirror {info.shadow_percent}%" if v.role == "shadow" else f"{v.weight}%"
+        table.add_row(
+            f"v{v.version}",
+            escape(v.role),
+            weight,
+            _styled(v.state),
+            str(v.instances),
+            escape(v.device),
+            "yes" if v.quantized else "no",
+        )
     return table
+
+
+def _load_table(info: DeploymentInfo) -> Table:
+    """Each version's live figures."""
+    table = Table(title="load")
+    for col in ("version", "requests", "errors", "p99 ms", "queued"):
+        table.add_column(col, justify="right")
+    for v in info.versions:
+        p99 = f"{v.p99_ms:.1f}" if v.p99_ms else "-"
+        table.add_row(f"v{v.version}", f"{v.requests:,}", f"{v.errors:,}", p99, f"{v.queued:,}")
+    return table
+
+
+def _print_versions(state: State, info: DeploymentInfo, *, load: bool) -> None:
+    state.out.print(_versions_table(info))
+    for v in info.versions:
+        if v.reason:
+            state.out.print(f"  v{v.version} {v.state}: {escape(v.reason)}", highlight=False)
+    if load:
+        state.out.print(_load_table(info))
+
+
+_NUMERIC = {"version", "weight", "instances"}
 
 
 def _print_list(state: State, deployments: list[DeploymentInfo], as_json: bool) -> None:
@@ -818,7 +858,7 @@ def _print_detail(state: State, info: DeploymentInfo, endpoint: str | None) -> N
     )
     if endpoint:
         out.print(f"  REST: POST {escape(endpoint)}", highlight=False)
-    out.print(_versions_table(info))
+    _print_versions(state, info, load=True)
 
     c, spec = info.canary, info.settings["canary"]
     if c.phase:
@@ -834,13 +874,15 @@ def _print_detail(state: State, info: DeploymentInfo, endpoint: str | None) -> N
             ("updated", fmt_ms(c.updated_ms)),
         ]
         for label, value in rows:
-            canary.add_row(label, value)
+            if value:
+                canary.add_row(label, value)
         out.print(canary)
     else:
         out.print("canary: none has run", highlight=False)
 
     s = info.settings
     fields = Table.grid(padding=(0, 2))
+    fields.title, fields.title_justify = "settings", "left"
     fields.add_column(style="bold")
     fields.add_column()
     settings_rows = [
@@ -849,19 +891,20 @@ def _print_detail(state: State, info: DeploymentInfo, endpoint: str | None) -> N
         ("anonymous inference", "allowed" if info.anonymous else "no (a token is needed)"),
         ("sticky header", info.sticky_header or "none"),
         ("shadow", f"{info.shadow_percent}% mirrored" if info.shadow_percent else "none"),
+        (
+            "follows new versions",
+            f"yes: each starts a {info.follow_percent}% canary" if info.follow_percent else "no",
+        ),
         ("max batch size", _or_default(s["max_batch_size"])),
         ("max queue delay", f"{s['max_queue_delay_us']} µs"),
         ("queue capacity", _or_default(s["queue_capacity"])),
         ("timeout", _or_default(s["timeout_ms"], " ms")),
-        (
-            "instances",
-            f"{_or_default(s['min_instances'])}..{_or_default(s['max_instances'])}",
-        ),
+        ("instances", _instances(s["min_instances"], s["max_instances"])),
         (
             "canary analysis",
             f"step {spec['step_percent']}%, promote after {spec['max_percent']}%, every "
             f"{_seconds(spec['interval_s'])}; roll back after {spec['failure_threshold']} "
-            f"failed checks; success rate >= {spec['min_success_rate']:.2%}, p99 <= "
+            f"failed checks; success rate >= {spec['min_success_rate'] * 100:.4g}%, p99 <= "
             f"{spec['max_p99_ms']:g} ms, at least {spec['min_requests']} requests a check",
         ),
     ]
@@ -876,6 +919,12 @@ def _print_detail(state: State, info: DeploymentInfo, endpoint: str | None) -> N
         for h in info.history:
             history.add_row(fmt_ms(h.at_ms), escape(h.action), escape(h.detail), escape(h.actor))
         out.print(history)
+
+
+def _instances(low: int, high: int) -> str:
+    if not low and not high:
+        return "default"
+    return f"{_or_default(low)}..{_or_default(high)}"
 
 
 def _or_default(value: int, unit: str = "") -> str:

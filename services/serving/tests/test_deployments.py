@@ -50,7 +50,7 @@ def test_endpoint_names_that_are_allowed(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["", "-x", ".x", "_x", "a b", "a/b", "x" * 64, "ü", "a\n"])
 def test_endpoint_names_that_are_refused(name: str) -> None:
-    with pytest.raises(InvalidInput, match="model name .* is not allowed") as info:
+    with pytest.raises(InvalidInput, match=r"model name .* is not allowed") as info:
         check_name(name, "model")
     assert "letters, digits" in (info.value.hint or "")
 
@@ -390,8 +390,7 @@ def test_a_manual_split_drops_the_versions_it_leaves_out() -> None:
     ("split", "message"),
     [
         ({}, "at least one version=weight pair"),
-        ({3: 100}, r"v3 is not a routed version of scorer \(it holds v1, v2\)"),
-        ({9: 100}, "v9 is not a routed version"),
+        ({3: 100}, r"v3 is not a version of scorer \(it holds v1, v2, v9\)"),
         ({1: 101, 2: -1}, "weight 101 of v1 must be 0..100"),
         ({1: 80, 2: 10}, "weights add up to 90, not 100"),
     ],
@@ -404,6 +403,15 @@ def test_a_bad_manual_split_is_refused_and_changes_nothing(split: dict, message:
     with pytest.raises(InvalidInput, match=message):
         d.set_traffic(split)
     assert d.slots == before
+
+
+def test_a_shadow_named_in_a_split_takes_routed_traffic() -> None:
+    d = served(1)
+    d.set_shadow(2, 30)
+    change = d.set_traffic({1: 80, 2: 20})
+    assert (change.added, change.removed) == ((), ())
+    assert d.slots == [Slot(1, 80, "stable"), Slot(2, 20, "canary")]
+    assert d.spec.shadow_percent == 0
 
 
 # -- shadow -------------------------------------------------------------------------------------
@@ -438,7 +446,7 @@ def test_bad_shadows_are_refused() -> None:
     d = served(1)
     with pytest.raises(Conflict, match="has no shadow version"):
         d.set_shadow(2, 0)
-    with pytest.raises(InvalidInput, match="shadow share 101% must be 1..100"):
+    with pytest.raises(InvalidInput, match=r"shadow share 101% must be 1\.\.100"):
         d.set_shadow(2, 101)
     with pytest.raises(Conflict, match="v1 already takes routed traffic"):
         d.set_shadow(1, 10)

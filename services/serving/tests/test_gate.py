@@ -91,7 +91,9 @@ def make_gate(
 
 
 @pytest.fixture
-def gate(key: SigningKey, clock: ManualClock, sink: MemoryDecisionSink, fake_time: FakeTime) -> Gate:
+def gate(
+    key: SigningKey, clock: ManualClock, sink: MemoryDecisionSink, fake_time: FakeTime
+) -> Gate:
     return make_gate(key, clock, sink)
 
 
@@ -117,18 +119,18 @@ def test_a_consumer_may_infer_and_the_decision_is_recorded(
 def test_decisions_are_remembered_per_token_deployment_and_action(
     gate: Gate, issuer: TokenIssuer, sink: MemoryDecisionSink, fake_time: FakeTime
 ) -> None:
-    token = issuer.issue("app-1", ["model-consumer"], HOUR)
+    token = issuer.issue("dev", ["ml-developer"], HOUR)
     for _ in range(50):
         gate.check(token, "scorer", "infer", anonymous_ok=False, method="ModelInfer")
     assert len(sink.decisions) == 1
-    gate.check(token, "scorer", "read", anonymous_ok=False, method="ModelMetadata")
+    gate.check(token, "scorer", "read", anonymous_ok=False, method="Read")
     gate.check(token, "ranker", "infer", anonymous_ok=False, method="ModelInfer")
     other = issuer.issue("app-2", ["model-consumer"], HOUR)
     assert gate.check(other, "scorer", "infer", anonymous_ok=False, method="ModelInfer") == "app-2"
     assert [(d.principal, d.resource_name, d.action) for d in sink.decisions] == [
-        ("app-1", "scorer", "infer"),
-        ("app-1", "scorer", "read"),
-        ("app-1", "ranker", "infer"),
+        ("dev", "scorer", "infer"),
+        ("dev", "scorer", "read"),
+        ("dev", "ranker", "infer"),
         ("app-2", "scorer", "infer"),
     ]
     # within the TTL nothing more is recorded; after it, the decision is taken again
@@ -174,7 +176,7 @@ def test_read_and_infer_are_separate_rights(
 ) -> None:
     # a service account may read models (metadata, readiness) but not call them
     token = issuer.issue("svc", ["service"], HOUR, kind="service")
-    assert gate.check(token, "scorer", "read", anonymous_ok=False, method="ModelReady") == "svc"
+    assert gate.check(token, "scorer", "read", anonymous_ok=False, method="Read") == "svc"
     with pytest.raises(Forbidden):
         gate.check(token, "scorer", "infer", anonymous_ok=False, method="ModelInfer")
     assert [d.decision for d in sink.decisions] == ["allow", "deny"]
@@ -244,7 +246,11 @@ def test_no_token_passes_only_when_the_service_and_the_deployment_allow_it(
         gate.check(None, "scorer", "infer", anonymous_ok=anonymous_ok, method="M")
     assert "gantry admin token create" in (info.value.hint or "")
     (decision,) = sink.decisions
-    assert (decision.principal, decision.decision, decision.reason) == (ANONYMOUS, "deny", "no token")
+    assert (decision.principal, decision.decision, decision.reason) == (
+        ANONYMOUS,
+        "deny",
+        "no token",
+    )
     assert decision.roles == []
 
 
@@ -271,3 +277,20 @@ def test_the_cache_stays_bounded(
     # still correct after the cache was cleared: a forgotten decision is simply taken again
     gate.check(token, "model-0", "infer", anonymous_ok=False, method="M")
     assert sink.decisions[-1].resource_name == "model-0"
+
+
+def test_refused_calls_without_a_token_are_recorded_once_per_window(
+    key: SigningKey, clock: ManualClock, sink: MemoryDecisionSink, fake_time: FakeTime
+) -> None:
+    gate = make_gate(key, clock, sink, ttl_s=60.0)
+    for _ in range(50):  # a client hammering without a token does not flood the audit log
+        with pytest.raises(NotAuthenticated):
+            gate.check(None, "scorer", "infer", anonymous_ok=False, method="M")
+    assert len(sink.decisions) == 1
+    with pytest.raises(NotAuthenticated):
+        gate.check(None, "ranker", "infer", anonymous_ok=False, method="M")
+    assert len(sink.decisions) == 2  # another deployment: its own record
+    fake_time.advance(61.0)
+    with pytest.raises(NotAuthenticated):
+        gate.check(None, "scorer", "infer", anonymous_ok=False, method="M")
+    assert len(sink.decisions) == 3  # a new window: recorded again

@@ -107,7 +107,9 @@ def test_a_version_not_ready_leaves_its_share_to_the_others() -> None:
     assert {router.route().version for _ in range(300)} == {1}
 
 
-@pytest.mark.parametrize(("percent", "low", "high"), [(0, 0, 0), (30, 2600, 3400), (100, 10_000, 10_000)])
+@pytest.mark.parametrize(
+    ("percent", "low", "high"), [(0, 0, 0), (30, 2600, 3400), (100, 10_000, 10_000)]
+)
 def test_the_shadow_gets_its_share_of_copies(percent: int, low: int, high: int) -> None:
     slots = [Slot(1, 100), Slot(9, 0, "shadow")]
     router = Router(slots, shadow_percent=percent, rng=random.Random(4))

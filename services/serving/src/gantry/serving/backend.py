@@ -151,6 +151,9 @@ class Backend:
         except asyncio.CancelledError:
             code = 499  # the caller went away
             raise
+        except Exception:  # not the caller's mistake: a server-side failure (500)
+            code, failed = 500, True
+            raise
         finally:
             elapsed = time.perf_counter() - started
             if code != 499:

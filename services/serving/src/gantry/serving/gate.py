@@ -3,14 +3,15 @@
 Management calls go through the gRPC :class:`~gantry.security.AuthInterceptor` like every
 other service's. Inference calls are checked here, per deployment: ``infer`` on ``model`` for
 inference and for the model's metadata and readiness (whoever may call a model may learn how;
-``read`` on ``model`` would also let them download its weights from the registry). A deployment may serve callers
-without a token only when both the service (``allow_anonymous``) and the deployment's spec
-(``anonymous: true``) say so.
+``read`` on ``model`` would also let them download its weights from the registry). A
+deployment may serve callers without a token only when both the service (``allow_anonymous``)
+and the deployment's spec (``anonymous: true``) say so.
 
 Every decision becomes an ``authz.decision`` event, but not once per request: at thousands of
 requests per second that would bury the audit log. A decision is remembered per (token,
 deployment, action) for ``ttl_s`` and recorded when first taken — so the log holds who called
-which model, allowed or refused, at least once per minute they kept calling.
+which model, allowed or refused, at least once per minute they kept calling. Calls without a
+token that are refused are recorded once per (deployment, action) and window.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Gate:
         self._allow_anonymous = allow_anonymous
         self._ttl_s = ttl_s
         self._cache: dict[tuple[str, str, str], _Remembered] = {}
+        self._anonymous_recorded: dict[tuple[str, str], float] = {}
 
     def check(
         self, token: str | None, deployment: str, action: str, *, anonymous_ok: bool, method: str
@@ -64,7 +66,11 @@ class Gate:
         if token is None:
             if anonymous_ok and self._allow_anonymous:
                 return ANONYMOUS
-            self._record(ANONYMOUS, (), action, deployment, False, "no token", method)
+            # refused callers without a token are recorded once per deployment and window too
+            now = time.monotonic()
+            if self._anonymous_recorded.get((deployment, action), 0.0) < now:
+                self._anonymous_recorded[(deployment, action)] = now + self._ttl_s
+                self._record(ANONYMOUS, (), action, deployment, False, "no token", method)
             raise NotAuthenticated(
                 f"model {deployment!r} needs a token for {action}", hint=_LOGIN_HINT
             )

@@ -5,6 +5,8 @@
 #   3. a fractional-GPU worker (GANTRY_GPU_MEMORY_FRACTION=0.5 through the worker main)
 #   4. the int8 / int4 / PowerSGD / fp16 compression hooks on CUDA tensors (2 ranks on 1 GPU,
 #      gloo for the collective when only one GPU is visible, NCCL when there are two)
+#   5. serving on CUDA: an exported model loaded by the serving runtime on cuda:0 (torch.export
+#      and TorchScript), warmed up, batched through the dynamic batcher, outputs equal to CPU
 # Prints one JSON object with the figures as its last line. Run: bash bench/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -116,6 +118,48 @@ with tempfile.TemporaryDirectory() as d:
     out["fractional_gpu_exit"] = r.returncode
     out["fractional_gpu_capped"] = "gpu memory capped at 50%" in r.stdout
     out["fractional_gpu_tail"] = r.stdout.strip().splitlines()[-1:] + r.stderr.strip().splitlines()[-2:]
+
+# serving on CUDA: the runtime loads exported artefacts onto the GPU; the batcher runs them
+import asyncio, io, warnings
+import numpy as np
+from gantry.training.export import export_model
+from gantry.serving.runtime import Artifact, load_model
+from gantry.serving.batcher import BatchingConfig, DynamicBatcher
+torch.manual_seed(0)
+mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10)).eval()
+x = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
+expected = mlp(torch.from_numpy(x)).detach().numpy()
+with tempfile.TemporaryDirectory() as d:
+    for fmt_wanted in ("torch.export", "torchscript"):
+        if fmt_wanted == "torch.export":
+            name, fmt, sig = export_model(mlp, torch.from_numpy(x[:2]), __import__("pathlib").Path(d) / "e")
+            data = open(os.path.join(d, "e", name), "rb").read()
+        else:
+            buf = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.jit.save(torch.jit.trace(mlp, torch.from_numpy(x[:2])), buf)
+            data, fmt = buf.getvalue(), "torchscript"
+            sig = {"inputs": [{"shape": [-1, 512], "dtype": "float32"}], "outputs": [{"shape": [-1, 10], "dtype": "float32"}]}
+        t0 = time.perf_counter()
+        loaded = load_model(Artifact("mlp", 1, data, fmt, sig), device="cuda:0")
+        warm = loaded.warm_up(32)
+        async def batched():
+            b = DynamicBatcher(loaded.run, BatchingConfig(max_batch_size=32, max_queue_delay_us=2000), instances=2, max_instances=2)
+            outs = await asyncio.gather(*(b.submit([x[i:i + 1]]) for i in range(64)))
+            await b.close()
+            return np.concatenate([o[0] for o in outs])
+        got = asyncio.run(batched())
+        out[f"serving_cuda_{fmt}"] = {
+            "device": loaded.device, "load_s": round(time.perf_counter() - t0, 3), "warm_up_s": round(warm, 3),
+            "max_abs_diff_vs_cpu": float(np.abs(got - expected).max()),
+            "ok": bool(np.allclose(got, expected, atol=1e-3)),
+        }
+    try:
+        load_model(Artifact("mlp", 1, data, "torchscript", sig), device="cuda:0", quantize=True)
+        out["serving_cuda_int8_refused"] = False
+    except Exception as exc:
+        out["serving_cuda_int8_refused"] = "CPU" in str(exc) or "cpu" in str(exc)
 
 print(json.dumps(out))
 EOF

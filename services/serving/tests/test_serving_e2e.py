@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -50,30 +49,6 @@ class Broken(nn.Module):
         if bool((x >= 0.5).all()):
             raise RuntimeError("deliberately broken model")
         return x[:, :3]
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    data = tmp_path_factory.mktemp("serving-platform") / "data"
-    running = Platform(
-        data,
-        services=("audit", "governance", "serving"),
-        nats_port=0,
-        service_env={
-            "GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.3",
-            "GANTRY_SERVING__AUTOSCALE_INTERVAL_S": "0.5",
-            "GANTRY_SERVING__TORCH_THREADS": "1",
-        },
-        log_sink=lambda line: None,
-    )
-    running.start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def admin(platform: Platform) -> str:
-    return create_token(platform.data_dir, "admin", ["platform-admin"])
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import json
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import pytest
 import torch
 from torch import nn
 
-from gantry.client.admin import create_token
 from gantry.client.audit import AuditClient, Filter
 from gantry.client.model_registry import ModelsClient
 from gantry.client.serving import ServingClient
@@ -57,30 +55,6 @@ class Slow(nn.Module):
         for _ in range(40):
             y = torch.tanh(y @ self.w)
         return x * y[0, 0]
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    data = tmp_path_factory.mktemp("serving-features") / "data"
-    running = Platform(
-        data,
-        services=("audit", "governance", "serving"),
-        nats_port=0,
-        service_env={
-            "GANTRY_SERVING__AUTOSCALE_INTERVAL_S": "0.5",
-            "GANTRY_SERVING__TORCH_THREADS": "1",
-            "GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.3",
-        },
-        log_sink=lambda line: None,
-    )
-    running.start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def admin(platform: Platform) -> str:
-    return create_token(platform.data_dir, "admin", ["platform-admin"])
 
 
 def _register(platform: Platform, admin: str, name: str, model: nn.Module, example: Any,

@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from gantry.core.errors import Unavailable
+
 
 def run_file(data_dir: Path, service: str) -> Path:
     """The run file of ``service`` under ``data_dir``."""
@@ -61,4 +63,20 @@ def grpc_address(data_dir: Path, service: str) -> str | None:
     return run_info(data_dir, service, "grpc")
 
 
-__all__ = ["grpc_address", "run_file", "run_info", "write_run_file"]
+def service_address(data_dir: Path, service: str, *, configured: str, setting: str) -> str:
+    """The gRPC ``host:port`` of ``service``: ``configured`` when given, else the address a
+    service running on this platform recorded; :class:`Unavailable` naming the environment
+    variable ``setting`` when there is neither."""
+    if configured:
+        return configured
+    found = grpc_address(data_dir, service)
+    if found is None:
+        raise Unavailable(
+            f"no {service} address: {setting} is unset and {run_file(data_dir, service)} does "
+            "not exist",
+            hint=f"start the {service} service, or set {setting}",
+        )
+    return found
+
+
+__all__ = ["grpc_address", "run_file", "run_info", "service_address", "write_run_file"]

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+from typing import Any
 
 import sqlalchemy as sa
+from pydantic import BaseModel
 
 from gantry.core import GantryError, get_logger
 from gantry.events.catalog import validate_event
@@ -42,6 +44,31 @@ class Outbox:
 
     def __init__(self, table: sa.Table) -> None:
         self.table = table
+
+    def record(
+        self,
+        conn: sa.Connection,
+        type_: str,
+        data: BaseModel,
+        *,
+        source: str,
+        actor: str,
+        subject: str,
+        correlation_id: str | None = None,
+    ) -> EventEnvelope:
+        """Build an event of ``type_`` from ``data`` (checked against the catalog) and queue it
+        in ``conn``'s transaction; return it. An empty ``actor`` is recorded as anonymous."""
+        extra: dict[str, Any] = {"correlation_id": correlation_id} if correlation_id else {}
+        event = EventEnvelope(
+            type=type_,
+            source=source,
+            actor=actor or "anonymous",
+            subject=subject,
+            data=data.model_dump(mode="json"),
+            **extra,
+        )
+        self.add(conn, event)
+        return event
 
     def add(self, conn: sa.Connection, event: EventEnvelope) -> None:
         """Queue ``event`` for publishing; it leaves only if the transaction commits."""

@@ -6,8 +6,6 @@ the commit), so the audit never misses a committed version and never sees one th
 
 from __future__ import annotations
 
-from typing import Any
-
 import sqlalchemy as sa
 from pydantic import BaseModel
 
@@ -29,17 +27,10 @@ def record(
     correlation_id: str | None = None,
 ) -> EventEnvelope:
     """Queue one event (checked against the catalog) in ``conn``'s transaction; return it."""
-    extra: dict[str, Any] = {"correlation_id": correlation_id} if correlation_id else {}
-    event = EventEnvelope(
-        type=type_,
-        source=SOURCE,
-        actor=actor or "anonymous",
-        subject=subject,
-        data=data.model_dump(mode="json"),
-        **extra,
-    )
-    _OUTBOX.add(conn, event)
-    return event
+    return _OUTBOX.record(
+        conn, type_, data, source=SOURCE, actor=actor, subject=subject,
+        correlation_id=correlation_id,
+    )  # fmt: skip
 
 
 __all__ = ["SOURCE", "record"]

@@ -26,7 +26,8 @@ import numpy as np
 from gantry.core import get_logger
 from gantry.protos.inference import grpc_service_pb2 as pb
 from gantry.protos.inference import grpc_service_pb2_grpc as pb_grpc
-from gantry.serving.errors import BadRequest, InferenceError, NotAuthenticated, Overloaded
+from gantry.serving.errors import BadRequest, InferenceError, Overloaded
+from gantry.serving.protocol import ROUTE_KEY as PROTOCOL_ROUTE_KEY
 from gantry.serving.protocol import (
     Caller,
     GenerateChunk,
@@ -43,7 +44,7 @@ from gantry.serving.tensors import (
 )
 
 #: Metadata key whose value keeps a caller on one version when routing is sticky.
-ROUTE_KEY = "x-gantry-route-key"
+ROUTE_KEY = PROTOCOL_ROUTE_KEY
 #: The input that makes a stream request a generate request, and the output that answers it.
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -59,17 +60,7 @@ def caller_of(context: Any) -> Caller:
     for key, value in context.invocation_metadata() or ():
         if isinstance(value, str):
             headers[key.lower()] = value
-    authorization = headers.pop("authorization", None)
-    token = None
-    if authorization is not None:
-        scheme, _, token = authorization.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or " " in token:
-            raise NotAuthenticated(
-                "the authorization metadata must be 'Bearer <token>'",
-                hint="send a Gantry access token, or no authorization metadata at all",
-            )
-    return Caller(token=token, sticky_key=headers.get(ROUTE_KEY), headers=headers, protocol="grpc")
+    return Caller.from_headers(headers, protocol="grpc", what="authorization metadata")
 
 
 async def _abort(context: Any, exc: Exception) -> NoReturn:

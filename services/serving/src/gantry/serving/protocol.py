@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from gantry.serving.errors import NotAuthenticated
+
 #: Open Inference Protocol datatype -> numpy dtype (BYTES: numpy object arrays of bytes).
 DATATYPES: dict[str, np.dtype[np.generic]] = {
     "BOOL": np.dtype(np.bool_),
@@ -30,6 +32,9 @@ DATATYPES: dict[str, np.dtype[np.generic]] = {
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(np.object_),
 }
+
+#: The header (REST) or metadata key (gRPC) whose value keeps a caller on one version.
+ROUTE_KEY = "x-gantry-route-key"
 
 #: Parameter values the protocol allows.
 Parameter = bool | int | float | str
@@ -108,6 +113,24 @@ class Caller:
     headers: Mapping[str, str] = field(default_factory=dict)
     protocol: str = "rest"  #: rest | grpc (a metrics label)
 
+    @classmethod
+    def from_headers(cls, headers: dict[str, str], *, protocol: str, what: str) -> Caller:
+        """The caller from lower-cased headers (REST) or metadata (gRPC): ``authorization``
+        (``Bearer <token>``; anything else raises NotAuthenticated naming ``what``) becomes the
+        token and leaves ``headers``; ``x-gantry-route-key`` is the sticky key."""
+        authorization = headers.pop("authorization", None)
+        token = None
+        if authorization is not None:
+            scheme, _, token = authorization.strip().partition(" ")
+            token = token.strip()
+            if scheme.lower() != "bearer" or not token or " " in token:
+                raise NotAuthenticated(
+                    f"the {what} must be 'Bearer <token>'",
+                    hint=f"send a Gantry access token, or no {what} at all",
+                )
+        return cls(token=token, sticky_key=headers.get(ROUTE_KEY), headers=headers,
+                   protocol=protocol)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -169,6 +192,7 @@ class InferenceBackend(Protocol):
 
 __all__ = [
     "DATATYPES",
+    "ROUTE_KEY",
     "Caller",
     "GenerateChunk",
     "GenerateRequest",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gantry.client.model_registry import ModelsClient, ModelVersion
-from gantry.core import Unavailable, get_logger
-from gantry.core.runfile import grpc_address, run_file
+from gantry.core import get_logger
+from gantry.core.runfile import service_address
 from gantry.security.keyring import Keyring
 from gantry.security.tokens import ServiceToken
 from gantry.serving.settings import ServingSettings
@@ -56,18 +56,12 @@ class RegistryLink:
 
     def address(self) -> str:
         """The governance address (setting, else the embedded platform's run file)."""
-        configured = self._settings.serving.governance_addr
-        if configured:
-            return configured
-        found = grpc_address(self._settings.data_dir, "governance")
-        if found is None:
-            path = run_file(self._settings.data_dir, "governance")
-            raise Unavailable(
-                f"no governance address: GANTRY_SERVING__GOVERNANCE_ADDR is unset and {path} "
-                "does not exist",
-                hint="start the governance service, or set GANTRY_SERVING__GOVERNANCE_ADDR",
-            )
-        return found
+        return service_address(
+            self._settings.data_dir,
+            "governance",
+            configured=self._settings.serving.governance_addr,
+            setting="GANTRY_SERVING__GOVERNANCE_ADDR",
+        )
 
     def token(self) -> str:
         """The service token (issued here, and renewed, when none is configured)."""

@@ -33,11 +33,11 @@ from gantry.core import get_logger
 from gantry.serving.errors import (
     BadRequest,
     InferenceError,
-    NotAuthenticated,
     Overloaded,
     PayloadTooLarge,
 )
 from gantry.serving.protocol import (
+    ROUTE_KEY,
     Caller,
     GenerateChunk,
     GenerateRequest,
@@ -54,7 +54,7 @@ from gantry.serving.tensors import (
 #: Request and response header with the length of the JSON part of a binary-extension body.
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: Request header whose value keeps a caller on one version when routing is sticky.
-ROUTE_KEY_HEADER = "x-gantry-route-key"
+ROUTE_KEY_HEADER = ROUTE_KEY
 
 _log = get_logger("gantry.serving.rest")
 _JSON = "application/json"
@@ -103,17 +103,7 @@ def caller_of(request: Request) -> Caller:
     :attr:`Caller.token`). A malformed ``Authorization`` header raises NotAuthenticated.
     """
     headers = {key.lower(): value for key, value in request.headers.items()}
-    authorization = headers.pop("authorization", None)
-    token = None
-    if authorization is not None:
-        scheme, _, token = authorization.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or " " in token:
-            raise NotAuthenticated(
-                "the Authorization header must be 'Bearer <token>'",
-                hint="send a Gantry access token, or no Authorization header at all",
-            )
-    return Caller(token=token, sticky_key=headers.get(ROUTE_KEY_HEADER), headers=headers)
+    return Caller.from_headers(headers, protocol="rest", what="Authorization header")
 
 
 def _model_path(request: Request) -> tuple[str, str]:

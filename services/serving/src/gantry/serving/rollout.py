@@ -375,20 +375,7 @@ class Rollouts:
         actor: str,
     ) -> None:
         runtime = VersionRuntime(d.name, version)
-        spec = d.spec
-
-        def load() -> LoadedModel:
-            return load_model(artifact, device=spec.device, quantize=spec.quantize)
-
-        started = time.monotonic()
-        await start_version(
-            runtime,
-            d,
-            load,
-            batching_config(d, self._batching),
-            scaling_policy(d, self._min_instances, self._max_instances),
-        )
-        await asyncio.to_thread(self._record_state, d, runtime, time.monotonic() - started, actor)
+        await self._start(runtime, d, artifact, actor)
         if not runtime.ready:
             raise Conflict(
                 f"{d.model} v{version} cannot be served: {runtime.reason}",
@@ -424,6 +411,19 @@ class Rollouts:
                 runtime.state, runtime.reason = "failed", str(exc)
                 await asyncio.to_thread(self._record_state, d, runtime, 0.0, actor)
                 return
+        await self._start(runtime, d, artifact, actor, loaded=running.rebuild_router)
+
+    async def _start(
+        self,
+        runtime: VersionRuntime,
+        d: Deployment,
+        artifact: Artifact,
+        actor: str,
+        *,
+        loaded: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Load, warm up and start ``runtime`` with ``d``'s options; record how it went (after
+        calling ``loaded``)."""
         spec = d.spec
 
         def load() -> LoadedModel:
@@ -437,7 +437,7 @@ class Rollouts:
             batching_config(d, self._batching),
             scaling_policy(d, self._min_instances, self._max_instances),
         )
-        running.rebuild_router()
+        loaded()
         await asyncio.to_thread(self._record_state, d, runtime, time.monotonic() - started, actor)
 
     async def _commit(self, running: DeploymentRuntime, change: Change, actor: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from gantry.client.errors import RemoteNotFound
 from gantry.client.model_registry import ModelsClient
 from gantry.core import GantryError, NotFound, Unavailable, get_logger
-from gantry.core.runfile import grpc_address, run_file
+from gantry.core.runfile import run_file, service_address
 from gantry.events.catalog import JobScheduled
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.security.keyring import Keyring
@@ -50,18 +50,12 @@ class GovernanceLink:
 
     def address(self) -> str:
         """The governance address (setting, else the embedded platform's run file)."""
-        configured = self._settings.agent.governance_addr
-        if configured:
-            return configured
-        found = grpc_address(self._settings.data_dir, "governance")
-        if found is None:
-            path = run_file(self._settings.data_dir, "governance")
-            raise Unavailable(
-                f"no governance address: GANTRY_AGENT__GOVERNANCE_ADDR is unset and {path} "
-                "does not exist",
-                hint="start the governance service, or set GANTRY_AGENT__GOVERNANCE_ADDR",
-            )
-        return found
+        return service_address(
+            self._settings.data_dir,
+            "governance",
+            configured=self._settings.agent.governance_addr,
+            setting="GANTRY_AGENT__GOVERNANCE_ADDR",
+        )
 
     def known(self) -> bool:
         """Whether a governance service is configured or runs on this platform."""

@@ -42,8 +42,10 @@ def outbox_table(metadata: sa.MetaData, name: str = "event_outbox") -> sa.Table:
 class Outbox:
     """Adds events to the outbox table inside the caller's transaction."""
 
-    def __init__(self, table: sa.Table) -> None:
+    def __init__(self, table: sa.Table, *, source: str = "") -> None:
+        """``source`` is the default source of the events :meth:`record` builds."""
         self.table = table
+        self.source = source
 
     def record(
         self,
@@ -51,17 +53,18 @@ class Outbox:
         type_: str,
         data: BaseModel,
         *,
-        source: str,
         actor: str,
         subject: str,
         correlation_id: str | None = None,
+        source: str = "",
     ) -> EventEnvelope:
         """Build an event of ``type_`` from ``data`` (checked against the catalog) and queue it
-        in ``conn``'s transaction; return it. An empty ``actor`` is recorded as anonymous."""
+        in ``conn``'s transaction; return it. An empty ``actor`` is recorded as anonymous; an
+        empty ``source`` is the outbox's own."""
         extra: dict[str, Any] = {"correlation_id": correlation_id} if correlation_id else {}
         event = EventEnvelope(
             type=type_,
-            source=source,
+            source=source or self.source,
             actor=actor or "anonymous",
             subject=subject,
             data=data.model_dump(mode="json"),

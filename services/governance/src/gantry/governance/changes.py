@@ -6,31 +6,17 @@ the commit), so the audit never misses a committed version and never sees one th
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-from pydantic import BaseModel
-
-from gantry.events import EventEnvelope, Outbox
+from gantry.events import Outbox
 from gantry.governance.store import outbox
 
 SOURCE = "gantry/governance"
 
-_OUTBOX = Outbox(outbox)
+_OUTBOX = Outbox(outbox, source=SOURCE)
 
 
-def record(
-    conn: sa.Connection,
-    type_: str,
-    data: BaseModel,
-    *,
-    actor: str,
-    subject: str,
-    correlation_id: str | None = None,
-) -> EventEnvelope:
-    """Queue one event (checked against the catalog) in ``conn``'s transaction; return it."""
-    return _OUTBOX.record(
-        conn, type_, data, source=SOURCE, actor=actor, subject=subject,
-        correlation_id=correlation_id,
-    )  # fmt: skip
+record = _OUTBOX.record
+"""Queue one event (checked against the catalog) in a transaction: ``record(conn, type_, data,
+*, actor, subject, correlation_id=None)``; returns it."""
 
 
 __all__ = ["SOURCE", "record"]

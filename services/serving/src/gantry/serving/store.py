@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import orjson
 import sqlalchemy as sa
-from pydantic import BaseModel
 
 from gantry.core.database import connect_database, migrate_schema
-from gantry.events import EventEnvelope, Outbox, inbox_table, outbox_table
+from gantry.events import Outbox, inbox_table, outbox_table
 from gantry.serving.deployments import MAX_HISTORY, Deployment, HistoryEntry
 
 SOURCE = "gantry/serving"
@@ -45,7 +44,7 @@ schema_version = sa.Table(
 )
 outbox = outbox_table(metadata, "serving_outbox")
 inbox = inbox_table(metadata, "serving_inbox")
-_OUTBOX = Outbox(outbox)
+_OUTBOX = Outbox(outbox, source=SOURCE)
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
@@ -130,20 +129,9 @@ def delete(conn: sa.Connection, name: str, entry: HistoryEntry) -> None:
     )  # fmt: skip
 
 
-def record(
-    conn: sa.Connection,
-    type_: str,
-    data: BaseModel,
-    *,
-    actor: str,
-    subject: str,
-    correlation_id: str | None = None,
-) -> EventEnvelope:
-    """Queue one event (checked against the catalog) in ``conn``'s transaction; return it."""
-    return _OUTBOX.record(
-        conn, type_, data, source=SOURCE, actor=actor, subject=subject,
-        correlation_id=correlation_id,
-    )  # fmt: skip
+record = _OUTBOX.record
+"""Queue one event (checked against the catalog) in a transaction: ``record(conn, type_, data,
+*, actor, subject, correlation_id=None)``; returns it."""
 
 
 __all__ = [

@@ -22,7 +22,15 @@ def _allowed(
 
 def test_defines_the_built_in_roles() -> None:
     assert default_policy().roles == frozenset(
-        {"platform-admin", "data-steward", "annotator", "ml-developer", "auditor", "service"}
+        {
+            "platform-admin",
+            "data-steward",
+            "annotator",
+            "ml-developer",
+            "model-consumer",
+            "auditor",
+            "service",
+        }
     )
     assert default_policy() is default_policy()  # loaded once
 
@@ -110,3 +118,13 @@ def test_service_account_role(authz: Authorizer) -> None:
     assert _allowed(authz, "service", "read", "node")
     assert not _allowed(authz, "service", "query", "audit_log")
     assert not _allowed(authz, "service", "read", "dataset", {"view": "raw"})
+
+
+def test_a_model_consumer_may_only_call_models() -> None:
+    authz = Authorizer(default_policy())
+    assert _allowed(authz, "model-consumer", "infer", "model")
+    for action in ("read", "list", "register", "deploy"):  # never the weights or deployments
+        assert not authz.decide("app", ["model-consumer"], action, "model").allowed
+    assert not authz.decide("app", ["model-consumer"], "read", "dataset", {"view": "raw"}).allowed
+    assert _allowed(authz, "ml-developer", "infer", "model")
+    assert not authz.decide("eve", ["auditor"], "infer", "model").allowed

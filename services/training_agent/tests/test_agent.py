@@ -900,3 +900,17 @@ async def test_a_grant_is_asked_again_until_governance_has_seen_the_placement(
     grant = await link.issue_grant(env.scheduler.job("print(1)", job_id="j-late"))
     assert (grant.token, grant.expires_ms) == ("grant-x", 123)
     assert calls == ["j-late"] * 3
+
+
+def test_agents_sharing_a_job_directory_write_its_spec_without_clashing(tmp_path: Path) -> None:
+    """Two local agents of one gang write the same spec.json at once (a shared temporary name
+    once let one rename the other's file away, and its workers never started)."""
+    import concurrent.futures
+
+    from gantry.training_agent.launch import write_spec
+
+    job = JobScheduled(job_id="j-2", attempt=1, placements=[], spec={"replicas": 2})
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        written = list(pool.map(lambda _: write_spec(job, tmp_path), range(200)))
+    assert {p.name for p in written} == {"spec.json"}
+    assert [p.name for p in tmp_path.iterdir()] == ["spec.json"]  # no temporary file left

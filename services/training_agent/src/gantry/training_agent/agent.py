@@ -381,7 +381,7 @@ class NodeAgent:
 
     def _write_grant(self, attempt: _Attempt, grant: Grant) -> None:
         path = attempt.job_dir / "grant"
-        tmp = attempt.job_dir / ".grant.tmp"
+        tmp = attempt.job_dir / f".grant.{os.getpid()}.tmp"  # agents may share the directory
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(grant.token)

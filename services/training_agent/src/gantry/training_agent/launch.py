@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -125,7 +126,9 @@ def write_spec(job: JobScheduled, job_dir: Path) -> Path:
     """Write the job's name and spec where the runtime reads them (``spec.json``)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     path = job_dir / "spec.json"
-    tmp = job_dir / ".spec.json.tmp"
+    # a temporary name of this process's own: agents on one machine may share the directory
+    # (a gang spread over two local nodes), and a shared name lets one rename the other's file
+    tmp = job_dir / f".spec.json.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_text(json.dumps({"name": job.name, "job_id": job.job_id, "spec": job.spec}))
     tmp.replace(path)
     return path

@@ -18,7 +18,6 @@ import socket
 from pathlib import Path
 
 import grpc
-import torch
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -42,6 +41,7 @@ from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
 from gantry.serving import store
 from gantry.serving.api import METHOD_RULES, SERVICE, ServingApi
+from gantry.serving.artifact import Artifact
 from gantry.serving.backend import Backend
 from gantry.serving.batcher import BatchingConfig
 from gantry.serving.consumers import ModelEvents
@@ -50,7 +50,6 @@ from gantry.serving.grpc_inference import InferenceServicer, add_to_server
 from gantry.serving.registry import RegistryLink
 from gantry.serving.rest import create_app
 from gantry.serving.rollout import Rollouts
-from gantry.serving.runtime import Artifact
 from gantry.serving.settings import ServingSettings
 
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -110,7 +109,6 @@ class ServingService:
         s = self.settings
         o = s.serving
         threads = o.torch_threads or max(1, (os.cpu_count() or 1) // o.max_instances)
-        torch.set_num_threads(threads)
         await asyncio.to_thread(store.migrate, self.engine)
         bus = await Bus.connect(s.nats, name="gantry-serving")
         await bus.ensure_streams()
@@ -136,6 +134,7 @@ class ServingService:
             default_interval_s=o.canary_interval_s,
             drain_timeout_s=o.drain_timeout_s,
             notify=relay.notify,
+            torch_threads=threads,
         )
         backend = Backend(rollouts, Gate(verifier, authorizer, sink,
                                          allow_anonymous=o.allow_anonymous))  # fmt: skip

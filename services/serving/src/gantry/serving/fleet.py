@@ -14,6 +14,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gantry.core import get_logger
 from gantry.serving.autoscale import Autoscaler, ScaleDecision, ScalingPolicy
@@ -22,7 +23,9 @@ from gantry.serving.canary import VersionWindow
 from gantry.serving.deployments import Deployment
 from gantry.serving.errors import ModelNotFound, ModelNotReady
 from gantry.serving.router import Router
-from gantry.serving.runtime import LoadedModel
+
+if TYPE_CHECKING:  # torch loads with the first model, not with the service
+    from gantry.serving.runtime import LoadedModel
 
 _log = get_logger("gantry.serving")
 

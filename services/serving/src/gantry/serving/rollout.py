@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -37,6 +37,7 @@ from gantry.events.catalog import (
     ServingVersionWeight,
 )
 from gantry.serving import metrics, store
+from gantry.serving.artifact import Artifact
 from gantry.serving.batcher import BatchingConfig
 from gantry.serving.canary import judge
 from gantry.serving.deployments import (
@@ -56,7 +57,9 @@ from gantry.serving.fleet import (
     start_version,
     stop_version,
 )
-from gantry.serving.runtime import Artifact, LoadedModel, load_model
+
+if TYPE_CHECKING:  # torch loads with the first model, not with the service
+    from gantry.serving.runtime import LoadedModel
 
 _log = get_logger("gantry.serving")
 
@@ -85,8 +88,11 @@ class Rollouts:
         default_interval_s: float,
         drain_timeout_s: float,
         notify: Callable[[], None] = lambda: None,
+        torch_threads: int = 0,
     ) -> None:
+        """``torch_threads`` (> 0) sets torch's intra-op threads when the first model loads."""
         self.engine = engine
+        self._torch_threads = torch_threads
         self._fetch = fetch
         self._batching = batching
         self._min_instances = min_instances
@@ -425,8 +431,12 @@ class Rollouts:
         """Load, warm up and start ``runtime`` with ``d``'s options; record how it went (after
         calling ``loaded``)."""
         spec = d.spec
+        threads = self._torch_threads
 
         def load() -> LoadedModel:
+            from gantry.serving.runtime import load_model, use_threads
+
+            use_threads(threads)
             return load_model(artifact, device=spec.device, quantize=spec.quantize)
 
         started = time.monotonic()

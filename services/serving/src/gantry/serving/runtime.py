@@ -33,7 +33,6 @@ import warnings
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,7 @@ from torch import fx, nn
 
 from gantry.core import GantryError, InvalidInput
 from gantry.serving import quantize as quantization
+from gantry.serving.artifact import Artifact
 from gantry.serving.errors import BadRequest, InferenceError, ModelFailed
 from gantry.serving.generation import Generation
 from gantry.serving.protocol import DATATYPES, TensorSpec
@@ -90,17 +90,10 @@ class ModelLoadError(GantryError):
     grpc_code = "FAILED_PRECONDITION"
 
 
-@dataclass(frozen=True)
-class Artifact:
-    """A registered model version's artefact: the exported file's bytes and its signature.
-
-    ``format`` is ``"torch.export"`` or ``"torchscript"``; "" reads it from the bytes."""
-
-    name: str
-    version: int
-    data: bytes = field(repr=False)
-    format: str = ""
-    signature: Mapping[str, Any] = field(default_factory=dict)
+def use_threads(threads: int) -> None:
+    """Set torch's intra-op threads (``threads`` > 0; 0 leaves torch's default)."""
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def sniff_format(data: bytes) -> str:
@@ -660,4 +653,12 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-__all__ = ["PLATFORMS", "Artifact", "LoadedModel", "ModelLoadError", "load_model", "sniff_format"]
+__all__ = [
+    "PLATFORMS",
+    "Artifact",
+    "LoadedModel",
+    "ModelLoadError",
+    "load_model",
+    "sniff_format",
+    "use_threads",
+]

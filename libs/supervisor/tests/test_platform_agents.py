@@ -66,7 +66,11 @@ def test_the_scheduler_runs_and_a_local_agent_registers_its_node(tmp_path: Path)
         node="n1", pool="onprem", gpus=2, gpu_model="H100", cpus=4, memory="8Gi", heartbeat_s=0.5
     )
     platform = Platform(tmp_path / "data", nats_port=0, agents=[agent], log_sink=logs)
-    assert platform.services == DEFAULT_SERVICES == ("audit", "governance", "scheduler", "serving")
+    assert (
+        platform.services
+        == DEFAULT_SERVICES
+        == ("audit", "governance", "scheduler", "serving", "profiler")
+    )
     with platform:
         assert platform.service_info("scheduler")["pid"] == platform.pid("scheduler")
         assert platform.service_info("agent-n1") == {
@@ -96,7 +100,15 @@ def test_the_scheduler_runs_and_a_local_agent_registers_its_node(tmp_path: Path)
         second = platform.pid("agent-n1")
         assert second is not None and second != first
         pids = platform.pids()
-        assert set(pids) == {"audit", "governance", "scheduler", "serving", "agent-n1", "nats"}
+        assert set(pids) == {
+            "audit",
+            "governance",
+            "scheduler",
+            "serving",
+            "profiler",
+            "agent-n1",
+            "nats",
+        }
         with pytest.raises(NotFound, match="agent-n1"):
             platform.pid("agent-n2")
     assert not [name for name, pid in pids.items() if alive(pid)]

@@ -13,11 +13,19 @@ import pyarrow.csv
 import pytest
 import torch
 
+from gantry.core import InvalidInput
 from gantry.sched.spec import parse_job
 from gantry.training.examples import EXAMPLES, example, tabular, transformer
 from gantry.training.examples.__main__ import main
 from gantry.training.export import export_model
-from gantry.training.task import DataContext, Task, load_task, options_for, parse_overrides
+from gantry.training.task import (
+    DataContext,
+    Task,
+    load_task,
+    options_for,
+    parse_overrides,
+    split_params,
+)
 from gantry.training.trainer import Trainer, WorkerEnv
 
 NAMES = [e.name for e in EXAMPLES]
@@ -144,8 +152,30 @@ def test_each_yaml_is_a_valid_job_naming_its_task(name: str) -> None:
     assert job.spec.resources.gpus == 0
     assert job.spec.resources.gpu_milli == 0
     task = load_task(job.spec.entrypoint.task)
-    options = options_for(task, job.spec, parse_overrides(job.spec.entrypoint.args))
+    rest, params = split_params(job.spec.entrypoint.args, task.params)
+    options = options_for(task, job.spec, parse_overrides(rest))
     assert options.precision == job.spec.training.precision
+    assert set(params) == set(task.params)
+
+
+def test_sequences_parameters_slow_or_lengthen_one_rank() -> None:
+    from gantry.training.examples.sequences import Sequences, task
+    from gantry.training.task import DataContext
+    from gantry.training.trainer import WorkerEnv
+
+    args = ["max_steps=50", "slow_rank=1", "slow_ms=0.5", "long_rank=0", "long_factor=3"]
+    rest, params = split_params(args, task.params)
+    assert rest == ["max_steps=50"]
+    assert params["slow_rank"] == 1 and params["slow_ms"] == 0.5 and params["long_factor"] == 3
+    zero = task.dataset(DataContext(WorkerEnv(rank=0, world_size=2), params=params))
+    one = task.dataset(DataContext(WorkerEnv(rank=1, world_size=2), params=params))
+    assert isinstance(zero, Sequences) and isinstance(one, Sequences)
+    assert (zero.length, zero.delay_s) == (96, 0.0)
+    assert (one.length, one.delay_s) == (32, 0.0005)
+    x, y = zero[3]
+    assert x.shape == (96, 16) and y.shape == (1,)
+    with pytest.raises(InvalidInput, match=r"slow_ms=.fast. is not a valid float"):
+        split_params(["slow_ms=fast"], task.params)
 
 
 def test_the_tabular_job_reads_churn_de_identified() -> None:

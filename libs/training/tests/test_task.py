@@ -96,6 +96,7 @@ def test_public_surface_is_pinned() -> None:
         "options_for",
         "parse_overrides",
         "read_spec",
+        "split_params",
     ]
 
 

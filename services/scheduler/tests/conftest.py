@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import nats
-import nats.errors
-import orjson
 import pytest
 
 from gantry.core import NatsSettings
@@ -37,6 +34,7 @@ from gantry.scheduler.app import SchedulerService
 from gantry.scheduler.settings import SchedulerOptions, SchedulerSettings
 from gantry.security import TokenIssuer
 from gantry.security.keyring import Keyring
+from gantry.testing.events import EventTap
 
 AGENT = "gantry/training-agent"
 
@@ -291,63 +289,6 @@ async def sched(tmp_path: Path, nats_url: str) -> AsyncIterator[Running]:
     """The service on SQLite."""
     async with running(scheduler_settings(tmp_path / "data", nats_url)) as r:
         yield r
-
-
-async def dead_letter_reasons(
-    nats_url: str, subject: str, count: int, *, wait_s: float = 10.0
-) -> list[str]:
-    """The reasons of the first ``count`` dead letters on ``subject`` (waits for them)."""
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().pull_subscribe(subject, durable=None)
-        reasons: list[str] = []
-        async with asyncio.timeout(wait_s):
-            while len(reasons) < count:
-                try:
-                    msgs = await sub.fetch(count - len(reasons), timeout=0.5)
-                except nats.errors.TimeoutError:
-                    continue
-                for m in msgs:
-                    reasons.append((m.headers or {}).get("Gantry-Dead-Reason", ""))
-                    await m.ack()
-        return reasons
-    finally:
-        await nc.close()
-
-
-class EventTap:
-    """Collects every event on a subject pattern from now on (core NATS subscription)."""
-
-    def __init__(self) -> None:
-        self.events: list[EventEnvelope] = []
-        self._nc: Any = None
-
-    async def start(self, nats_url: str, subject: str) -> EventTap:
-        self._nc = await nats.connect(nats_url)
-
-        async def on(msg: Any) -> None:
-            self.events.append(EventEnvelope.model_validate(orjson.loads(msg.data)))
-
-        await self._nc.subscribe(subject, cb=on)
-        return self
-
-    def of(self, type_: str, **match: Any) -> list[EventEnvelope]:
-        return [
-            e
-            for e in self.events
-            if e.type == type_ and all(e.data.get(k) == v for k, v in match.items())
-        ]
-
-    async def wait_for(
-        self, type_: str, count: int = 1, timeout: float = 10.0, **match: Any
-    ) -> list[EventEnvelope]:
-        async with asyncio.timeout(timeout):
-            while len(self.of(type_, **match)) < count:
-                await asyncio.sleep(0.02)
-        return self.of(type_, **match)
-
-    async def close(self) -> None:
-        await self._nc.close()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from gantry.core.runfile import grpc_address, run_file
 
 class ClientSettings(CommonSettings):
     """Client settings: ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``, ``GANTRY_GOVERNANCE_ADDR``,
+    ``GANTRY_SCHEDULER_ADDR``, ``GANTRY_SERVING_ADDR``, ``GANTRY_PROFILER_ADDR``,
     ``GANTRY_DATA_DIR``."""
 
     token: str | None = Field(
@@ -38,6 +39,12 @@ class ClientSettings(CommonSettings):
         default=None,
         description="host:port of the serving gRPC API (management and inference); default: "
         "from <data_dir>/run/serving.json.",
+    )
+
+    profiler_addr: str | None = Field(
+        default=None,
+        description="host:port of the profiler gRPC API; default: from "
+        "<data_dir>/run/profiler.json.",
     )
 
     def address(self, service: str) -> str:

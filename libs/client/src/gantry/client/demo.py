@@ -1,7 +1,8 @@
 """``python -m gantry.client.demo`` (``make demo``): governed data, its audit trail and the
 training jobs that use it, end to end.
 
-Starts the embedded platform (NATS, the audit, governance, scheduler and serving services, two
+Starts the embedded platform (NATS, the audit, governance, scheduler, serving and profiler
+services, two
 local node agents) in a fresh temporary data directory. A data steward registers the
 ``customers`` dataset with PII columns and uploads rows (sharded and encrypted at rest); an
 annotator reads them raw; an ml-developer reads the same version de-identified, and is refused
@@ -15,7 +16,10 @@ high-priority job, resumes from its checkpoint, finishes, and its model appears 
 with its lineage. Then serving (:mod:`gantry.client.demo_serving`): that model is deployed and
 answers over REST and gRPC; a second version (its INT8 quantisation) goes out as a canary and is
 promoted by its checks; a deliberately broken third version is rolled back automatically, and
-the rollout history is read back from the audit log. An outside service, ``feature-store``,
+the rollout history is read back from the audit log. Then profiling
+(:mod:`gantry.client.demo_profiler`): the training job's per-rank profile with its plot, and a
+2-worker job whose rank 1 data loader is slowed on purpose, which the profiler names as the
+straggler with the phase, the cause and the evidence. An outside service, ``feature-store``,
 reports 1,000 reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then,
 as an auditor: waits until the log holds everything, counts the events with a query, prints the
 access report for ``dataset/customers`` (the refused raw read among them), waits for a signed
@@ -54,6 +58,7 @@ from gantry.client.demo_data import (
     samples_table,
 )
 from gantry.client.demo_jobs import AGENTS, SCHEDULER_ENV, JobsSummary, jobs_story
+from gantry.client.demo_profiler import ProfilerSummary, profiler_story
 from gantry.client.demo_serving import MODEL as SERVED_MODEL
 from gantry.client.demo_serving import ServingSummary, serving_story
 from gantry.client.demo_training import TrainingSummary, training_story
@@ -92,6 +97,7 @@ class Summary:
     jobs: JobsSummary | None = None
     training: TrainingSummary | None = None
     serving: ServingSummary | None = None
+    profiler: ProfilerSummary | None = None
     denied_in_report: int = 0
     in_log: int = 0
     report_rows: int = 0
@@ -199,7 +205,7 @@ def run(
     )
     try:
         with steps.step(
-            f"platform started (NATS; audit, governance, scheduler and serving services; "
+            f"platform started (NATS; audit, governance, scheduler, serving and profiler services; "
             f"{len(AGENTS)} node agents)"
         ):
             platform.start(timeout_s=60)
@@ -238,6 +244,14 @@ def run(
             steps.step,
             console,
             model=model,
+        )
+        summary.profiler = profiler_story(
+            platform.address("scheduler"),
+            platform.address("profiler"),
+            data_dir,
+            steps.step,
+            console,
+            trained_job=summary.training.job.id if summary.training.job else "churn-model",
         )
         with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
             _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
@@ -350,6 +364,14 @@ def _summary_table(summary: Summary) -> Table:
         )
         table.add_row("canary v2 (INT8)", f"promoted ({v.int8_bytes:,} bytes vs {v.float_bytes:,})")
         table.add_row("canary v3 (broken)", f"rolled back automatically in {v.rollback_s:.1f}s")
+    pr = summary.profiler
+    if pr is not None and pr.verdict is not None:
+        f = pr.verdict
+        table.add_row(
+            "slow-loader: straggler found",
+            f"rank {f.rank} ({f.phase}, {f.cause}), {pr.detection_steps} steps after the slowdown",
+        )
+        table.add_row("profile plots", f"{len(pr.pictures)} under {pr.pictures[0].parent}")
     table.add_row("events emitted by feature-store (signed)", f"{summary.emitted:,}")
     table.add_row("events in the audit log", f"{summary.in_log:,}")
     table.add_row(f"access report rows ({RESOURCE})", f"{summary.report_rows:,}")

@@ -325,10 +325,17 @@ class JobStepMetrics(EventData):
     step_ms_max: float = Field(ge=0)
     data_ms: float = Field(default=0.0, ge=0, description="waiting for the next batch")
     compute_ms: float = Field(default=0.0, ge=0, description="forward and backward")
-    comm_ms: float = Field(default=0.0, ge=0, description="gradient all-reduce not overlapped")
+    forward_ms: float = Field(default=0.0, ge=0, description="of compute: forward and loss")
+    backward_ms: float = Field(default=0.0, ge=0, description="of compute: backward")
+    comm_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="waiting on other ranks: gradient all-reduce not overlapped with the "
+        "backward pass, and the per-step agreement",
+    )
     optimizer_ms: float = Field(default=0.0, ge=0)
     samples: int = Field(default=0, ge=0, description="samples this worker processed")
-    tokens: int = Field(default=0, ge=0)
+    tokens: int = Field(default=0, ge=0, description="tokens it processed (sequence data)")
     loss: float | None = None
     memory_mib: int = Field(default=0, ge=0, description="peak accelerator (or RSS) memory")
     at_ms: int = 0
@@ -392,6 +399,8 @@ class NodeHeartbeat(EventData):
     cpu_util: float = Field(default=0.0, ge=0, le=1)
     memory_used_mib: int = Field(default=0, ge=0)
     gpus: list[GpuUsage] = Field(default_factory=list)
+    net_rx_bytes_per_s: float = Field(default=0.0, ge=0, description="network received")
+    net_tx_bytes_per_s: float = Field(default=0.0, ge=0, description="network sent")
 
 
 class NodeLost(EventData):
@@ -408,6 +417,58 @@ class NodeHealth(EventData):
     node: str
     reason: str = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobProfileFinding(EventData):
+    """The profiler found a problem in a running job, or saw it end (``state: cleared``).
+
+    ``kind``: ``straggler`` (a rank holds the gang back; ``rank``, ``node``, ``phase`` and
+    ``cause`` say which, where, in what and why), ``data_imbalance`` (ranks get unequal work),
+    ``input_bound`` (the gang waits for data) or ``comm_bound`` (it waits on communication).
+    ``summary`` says it in words, ``evidence`` in numbers.
+    """
+
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    kind: Literal["straggler", "data_imbalance", "input_bound", "comm_bound"]
+    state: Literal["raised", "cleared"] = "raised"
+    rank: int | None = Field(default=None, ge=0)
+    node: str = ""
+    phase: str = Field(default="", description="data, forward, backward, optimizer, comm")
+    cause: str = Field(
+        default="", description="slow_data_loading, longer_samples, more_samples, slow_compute"
+    )
+    summary: str = ""
+    step: int = Field(default=0, ge=0, description="the last step the verdict saw")
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class TraceRequested(EventData):
+    """Someone asked for a deep trace (``torch.profiler``) of the next ``steps`` steps of a job;
+    the agents running its workers pass it on and upload what the workers record."""
+
+    trace_id: str
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    steps: int = Field(ge=1, le=1000)
+    ranks: list[int] = Field(default_factory=list, description="empty: every rank")
+    requested_by: str = ""
+
+
+class TraceReady(EventData):
+    """A deep trace of one rank was stored (or could not be recorded: ``state: failed``)."""
+
+    trace_id: str
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    rank: int = Field(ge=0)
+    node: str = ""
+    state: Literal["ready", "failed"] = "ready"
+    bytes: int = Field(default=0, ge=0)
+    sha256: str = ""
+    first_step: int = Field(default=0, ge=0)
+    steps: int = Field(default=0, ge=0)
+    reason: str = ""
 
 
 class QueueChanged(EventData):
@@ -574,6 +635,18 @@ JOB_PROGRESS = register(
 JOB_STEP_METRICS = register(
     "gantry.metrics.job.step", 1, JobStepMetrics, "A worker's step timings over a window."
 )
+JOB_PROFILE_FINDING = register(
+    "gantry.job.profile.finding",
+    1,
+    JobProfileFinding,
+    "The profiler found a straggler, imbalance or bottleneck in a job, or saw it end.",
+)
+TRACE_REQUESTED = register(
+    "gantry.job.trace.requested", 1, TraceRequested, "A deep trace of a job was asked for."
+)
+TRACE_READY = register(
+    "gantry.job.trace.ready", 1, TraceReady, "A deep trace of a rank was stored (or failed)."
+)
 NODE_REGISTERED = register(
     "gantry.node.registered", 1, NodeRegistered, "A node agent registered its inventory."
 )
@@ -604,6 +677,7 @@ __all__ = [
     "GRANT_ISSUED",
     "GRANT_REVOKED",
     "JOB_LOG",
+    "JOB_PROFILE_FINDING",
     "JOB_PROGRESS",
     "JOB_SCHEDULED",
     "JOB_STATE",
@@ -623,6 +697,8 @@ __all__ = [
     "SERVING_CHANGED",
     "SERVING_SCALED",
     "SERVING_VERSION",
+    "TRACE_READY",
+    "TRACE_REQUESTED",
     "VERSION_COMMITTED",
     "VIEW_POLICY_CHANGED",
     "AuditCheckpoint",
@@ -639,6 +715,7 @@ __all__ = [
     "GrantIssued",
     "GrantRevoked",
     "JobLogLines",
+    "JobProfileFinding",
     "JobProgress",
     "JobScheduled",
     "JobStateChanged",
@@ -658,6 +735,8 @@ __all__ = [
     "ServingScaled",
     "ServingVersionState",
     "ServingVersionWeight",
+    "TraceReady",
+    "TraceRequested",
     "VersionCommitted",
     "ViewPolicyChanged",
     "WorkerPlacement",

@@ -5,7 +5,10 @@ writes JSON lines to it: ``{"kind": "progress", ...}`` from rank 0 at most every
 ``progress_s`` seconds (how far the job is), and ``{"kind": "steps", ...}`` from every rank
 once per window of steps (where the step time goes, for the profiler). The agent turns them
 into ``gantry.metrics.job.progress`` and ``gantry.metrics.job.step`` events. Never one message
-per tiny step: a window closes after ``window_steps`` steps or ``window_s`` seconds.
+per tiny step: a window closes after ``window_steps`` steps once ``min_window_s`` has passed,
+or after ``window_s`` seconds, so a worker sends at most one window per ``min_window_s`` (4 a
+second by default) however short its steps, and the profiler sees a slow rank within a few
+windows (tens of steps) however long they are.
 
 Without the pipe (a script run by hand) the reporter only prints the progress line.
 """
@@ -46,8 +49,9 @@ class ProgressReporter:
         fd: int | None = None,
         progress_s: float = 2.0,
         print_s: float = 10.0,
-        window_steps: int = 50,
+        window_steps: int = 10,
         window_s: float = 10.0,
+        min_window_s: float = 0.25,
         out: IO[str] | None = None,
     ) -> None:
         self._pipe: IO[str] | None = None
@@ -61,6 +65,7 @@ class ProgressReporter:
         self.print_s = print_s
         self.window_steps = window_steps
         self.window_s = window_s
+        self.min_window_s = min_window_s
         self._last_progress = 0.0
         self._last_print = 0.0
         self._window: list[StepMetrics] = []
@@ -101,10 +106,11 @@ class ProgressReporter:
                     flush=True,
                 )
         self._window.append(metrics)
+        open_s = now - self._window_start
         if (
             final
-            or len(self._window) >= self.window_steps
-            or now - self._window_start >= (self.window_s)
+            or (len(self._window) >= self.window_steps and open_s >= self.min_window_s)
+            or open_s >= self.window_s
         ):
             self.flush()
 
@@ -124,8 +130,12 @@ class ProgressReporter:
                 "step_ms_max": 1000 * max(m.step_s for m in window),
                 "data_ms": 1000 * sum(m.data_s for m in window) / n,
                 "compute_ms": 1000 * sum(m.compute_s for m in window) / n,
+                "forward_ms": 1000 * sum(m.forward_s for m in window) / n,
+                "backward_ms": 1000 * sum(m.backward_s for m in window) / n,
+                "comm_ms": 1000 * sum(m.comm_s for m in window) / n,
                 "optimizer_ms": 1000 * sum(m.optimizer_s for m in window) / n,
                 "samples": sum(m.samples for m in window),
+                "tokens": sum(m.tokens for m in window),
                 "loss": window[-1].loss,
                 "memory_mib": peak_memory_mib(),
             }

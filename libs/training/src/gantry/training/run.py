@@ -47,7 +47,9 @@ from gantry.training.task import (
     options_for,
     parse_overrides,
     read_spec,
+    split_params,
 )
+from gantry.training.tracing import TraceOnRequest
 from gantry.training.trainer import Trainer, TrainingOptions, WorkerEnv
 
 EXIT_USER_ERROR = 1
@@ -73,8 +75,9 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
     _cap_gpu_memory()
     spec, name = read_spec()
     task = load_task(reference)
-    options = options_for(task, spec, parse_overrides(args))
-    ctx = DataContext(env, spec, options.seed)
+    rest, params = split_params(args, task.params)
+    options = options_for(task, spec, parse_overrides(rest))
+    ctx = DataContext(env, spec, options.seed, params=params)
     manager = None
     if env.job_id:
         store = open_store(settings.storage, data_dir=settings.data_dir)
@@ -82,6 +85,7 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
     marker = env.checkpoint_dir / "step" if env.checkpoint_dir else None
     hooks, checkpoints, privacy = hooks_for(options, env, checkpoints=manager, marker=marker)
     reporter = ProgressReporter.from_environ()
+    tracer = TraceOnRequest.from_environ()
     trainer = Trainer(
         task.model,
         task.loss,
@@ -89,7 +93,7 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
         options=options,
         env=env,
         hooks=hooks,
-        callbacks=[reporter],
+        callbacks=[reporter] if tracer is None else [reporter, tracer],
     )
     try:
         with trainer:
@@ -117,6 +121,8 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
         return 0
     finally:
         reporter.close()
+        if tracer is not None:
+            tracer.close()
         if checkpoints is not None:
             checkpoints.close()
 

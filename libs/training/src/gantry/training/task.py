@@ -55,9 +55,12 @@ class Task:
     ``entrypoint.args`` may override them as ``key=value``. ``model_name`` names the model in
     the registry (default: the job's name); ``quantize`` also exports a dynamically
     INT8-quantised version of the linear layers; ``register`` turns registration off.
-    ``generation``, for language models: ``{"vocabulary": ..., "context": ...}`` (character
-    ``vocabulary[i]`` is token ``i``; the model reads ``context`` tokens at once), which the
-    model's signature carries and serving uses to stream generated text.
+    ``params`` are the task's own parameters with their defaults; the job's
+    ``entrypoint.args`` set them as ``key=value`` too (typed as the default) and the factories
+    read them from :attr:`DataContext.params`. ``generation``, for language models:
+    ``{"vocabulary": ..., "context": ...}`` (character ``vocabulary[i]`` is token ``i``; the
+    model reads ``context`` tokens at once), which the model's signature carries and serving
+    uses to stream generated text.
     """
 
     model: ModelFn
@@ -72,6 +75,7 @@ class Task:
     register: bool = True
     description: str = ""
     generation: Mapping[str, Any] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +89,8 @@ class DataContext:
     env: WorkerEnv
     spec: JobSpec | None = None
     seed: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """The task's parameters: its defaults, with the job's ``key=value`` args applied."""
     _tables: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -213,7 +219,7 @@ def load_task(reference: str) -> Task:
 _OPTION_NAMES = {f.name for f in fields(TrainingOptions)}
 _SPEC_OWNED = {"precision", "gradient_accumulation", "compression", "checkpoint_interval_s"}
 _INT_OPTIONS = {"micro_batch_size", "epochs", "max_steps", "seed", "num_workers"}
-_BOOL_OPTIONS = {"deterministic", "fsdp"}
+_BOOL_OPTIONS = {"deterministic", "fsdp", "step_metrics"}
 
 
 def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
@@ -254,6 +260,39 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
             raise InvalidInput(f"task option {key}={raw!r} is not a valid value") from None
         out[key] = value
     return out
+
+
+def split_params(
+    args: Sequence[str], defaults: Mapping[str, Any]
+) -> tuple[list[str], dict[str, Any]]:
+    """The ``key=value`` args that set a task parameter, typed as its default, apart from the
+    rest (training options); ``(rest, params)`` where params holds every parameter."""
+    params = dict(defaults)
+    rest: list[str] = []
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in defaults:
+            rest.append(arg)
+            continue
+        default = defaults[key]
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in {"true", "false", "1", "0", "yes", "no"}:
+                    raise ValueError(raw)
+                params[key] = raw.lower() in {"true", "1", "yes"}
+            elif isinstance(default, int):
+                params[key] = int(raw)
+            elif isinstance(default, float):
+                params[key] = float(raw)
+            else:
+                params[key] = raw
+        except ValueError:
+            raise InvalidInput(
+                f"task parameter {key}={raw!r} is not a valid {type(default).__name__}",
+                hint=f"give it like its default, {key}={default!r}",
+            ) from None
+    return rest, params
 
 
 def options_for(task: Task, spec: JobSpec | None, overrides: Mapping[str, Any]) -> TrainingOptions:
@@ -297,4 +336,5 @@ __all__ = [
     "options_for",
     "parse_overrides",
     "read_spec",
+    "split_params",
 ]

@@ -191,6 +191,10 @@ class TrainingOptions:
     device: str | None = None
     """Run on this device; None: this worker's GPU (by LOCAL_RANK) when there is one, else
     the CPU."""
+    step_metrics: bool = True
+    """Time where each step goes (data, forward, backward, communication, optimizer) for the
+    profiler; off, the phases but communication are still timed, with no hooks on the
+    gradients (bench/profiler.py measures what it costs)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -253,11 +257,21 @@ class StepMetrics:
     data_s: float = 0.0
     """Of which waiting for batches from the loader."""
     compute_s: float = 0.0
-    """Of which forward and backward (gradient all-reduce included, as DDP overlaps it)."""
+    """Of which computing: forward and backward (``forward_s + backward_s``)."""
     optimizer_s: float = 0.0
-    """Of which the optimizer step and the agreement between ranks."""
+    """Of which the optimizer step."""
+    forward_s: float = 0.0
+    """Of the compute, the forward pass and the loss."""
+    backward_s: float = 0.0
+    """Of the compute, the backward pass until this rank's last gradient was ready."""
+    comm_s: float = 0.0
+    """Of which waiting on other ranks: the gradient all-reduce still running once this rank's
+    gradients were ready (DDP overlaps the rest with the backward pass) and the per-step
+    agreement. A rank that waits long here is waiting for a slower one."""
     samples: int = 0
     """Samples this rank processed in the step."""
+    tokens: int = 0
+    """Tokens this rank processed in the step (sequence inputs; 0 for other data)."""
 
 
 @dataclass
@@ -425,6 +439,7 @@ class Trainer:
         self._dataset: Dataset[Any] | None = None
         self._worker_signals = _LoaderWorkerSignals() if self.options.num_workers else None
         self._owns_group = False
+        self._grad_clock: _GradClock | None = None
         self._in_context = False
         self._used = False
         self.stopped = False
@@ -592,6 +607,9 @@ class Trainer:
         loader = self._build_loader()
         if self.hooks.comm is not None and isinstance(model, DistributedDataParallel):
             self.hooks.comm.register(model)
+        if isinstance(model, DistributedDataParallel) and self.options.step_metrics:
+            self._grad_clock = _GradClock()
+            self._grad_clock.attach(model.module)
         if self.hooks.privacy is not None:
             model, optimizer, loader = self.hooks.privacy.attach(model, optimizer, loader)
         self._loader = loader
@@ -676,19 +694,19 @@ class Trainer:
             sampler.skip = first * options.micro_batch_size
             batches = first + len(loader)
             loss_sum = torch.zeros((), device=self.device)
-            phases = _Phases()
+            phases = _Phases(self._grad_clock)
             for index, batch in enumerate(loader, start=first):
                 phases.batch_arrived(batch)
                 group_start = index - index % accumulation
                 group_size = min(accumulation, batches - group_start)
                 last = index - group_start == group_size - 1
-                loss = self._micro_step(state, batch, sync=last, divisor=group_size)
+                loss = self._micro_step(state, batch, sync=last, divisor=group_size, phases=phases)
                 loss_sum += loss
-                phases.computed()
                 if not last:
                     continue
                 state.precision.step(state.optimizer)
                 state.optimizer.zero_grad(set_to_none=True)
+                phases.optimized()
                 state.step += 1
                 state.batch_in_epoch = index + 1
                 due = time.monotonic() - last_save >= options.checkpoint_interval_s
@@ -710,7 +728,7 @@ class Trainer:
             state.batch_in_epoch = 0
 
     def _micro_step(
-        self, state: TrainState, batch: Any, *, sync: bool, divisor: int
+        self, state: TrainState, batch: Any, *, sync: bool, divisor: int, phases: _Phases
     ) -> torch.Tensor:
         if not isinstance(batch, tuple | list) or len(batch) != 2:
             raise InvalidInput(
@@ -721,8 +739,10 @@ class Trainer:
         with self._gradient_sync(state.model, sync):
             with state.precision.autocast():
                 loss = self._loss_fn(state.model(inputs), targets)
+            phases.forwarded()
             # no division for a single micro-batch: one op and one autograd node less per step
             state.precision.backward(loss / divisor if divisor > 1 else loss)
+        phases.backwarded(synced=sync)
         return loss.detach().float()
 
     @staticmethod
@@ -761,11 +781,11 @@ class Trainer:
         state: TrainState,
         loss: float,
         timing: tuple[float, float | None],
-        phases: tuple[float, float, float, float, int],
+        phases: PhaseTimes,
         total_steps: int,
     ) -> None:
         samples_per_s, eta_s = timing
-        step_s, data_s, compute_s, optimizer_s, samples = phases
+        p = phases
         metrics = StepMetrics(
             state.step,
             state.epoch,
@@ -774,11 +794,15 @@ class Trainer:
             eta_s,
             self.env.rank,
             total_steps=total_steps,
-            step_s=step_s,
-            data_s=data_s,
-            compute_s=compute_s,
-            optimizer_s=optimizer_s,
-            samples=samples,
+            step_s=p.step_s,
+            data_s=p.data_s,
+            compute_s=p.forward_s + p.backward_s,
+            optimizer_s=p.optimizer_s,
+            forward_s=p.forward_s,
+            backward_s=p.backward_s,
+            comm_s=p.comm_s,
+            samples=p.samples,
+            tokens=p.tokens,
         )
         for callback in self._callbacks:
             callback(metrics)
@@ -795,46 +819,128 @@ class Trainer:
         )
 
 
-class _Phases:
-    """Where one rank's step time goes: waiting for data, computing, the optimizer step."""
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Where one rank's step went, in seconds, and what it processed."""
+
+    step_s: float
+    data_s: float
+    forward_s: float
+    backward_s: float
+    comm_s: float
+    optimizer_s: float
+    samples: int
+    tokens: int
+
+
+class _GradClock:
+    """When this rank's last gradient of the backward pass was ready.
+
+    Hooks on the parameters (after a gradient is accumulated) keep the time; what the backward
+    call takes after the last of them is waiting for the gradient all-reduce (DDP launches a
+    bucket's all-reduce as soon as its gradients are ready and waits for all of them at the end).
+    """
 
     def __init__(self) -> None:
+        self.last = 0.0
+        self._handles: list[Any] = []
+
+    def attach(self, model: nn.Module) -> None:
+        for param in model.parameters():
+            if param.requires_grad:
+                hook = param.register_post_accumulate_grad_hook
+                self._handles.append(hook(self._ready))  # type: ignore[no-untyped-call]
+
+    def _ready(self, param: torch.Tensor) -> None:
+        self.last = time.perf_counter()
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class _Phases:
+    """Where one rank's step time goes: data, forward, backward, communication, optimizer."""
+
+    def __init__(self, grads: _GradClock | None = None) -> None:
+        self._grads = grads
         self._mark = time.perf_counter()
         self._start = self._mark
-        self.data_s = self.compute_s = 0.0
-        self.samples = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.data_s = self.forward_s = self.backward_s = self.comm_s = self.optimizer_s = 0.0
+        self.samples = self.tokens = 0
+
+    def _lap(self) -> float:
+        now = time.perf_counter()
+        lap, self._mark = now - self._mark, now
+        return lap
 
     def batch_arrived(self, batch: Any) -> None:
-        now = time.perf_counter()
-        self.data_s += now - self._mark
-        self._mark = now
-        self.samples += _batch_size(batch)
+        self.data_s += self._lap()
+        samples, tokens = _batch_counts(batch)
+        self.samples += samples
+        self.tokens += tokens
 
-    def computed(self) -> None:
-        now = time.perf_counter()
-        self.compute_s += now - self._mark
-        self._mark = now
+    def forwarded(self) -> None:
+        self.forward_s += self._lap()
 
-    def end(self) -> tuple[float, float, float, float, int]:
-        """(step, data, compute, optimizer) seconds and samples of the step; starts the next."""
-        now = time.perf_counter()
-        out = (now - self._start, self.data_s, self.compute_s, now - self._mark, self.samples)
-        self._start = self._mark = now
-        self.data_s = self.compute_s = 0.0
-        self.samples = 0
+    def backwarded(self, *, synced: bool) -> None:
+        start = self._mark
+        lap = self._lap()
+        ready = self._grads.last if self._grads is not None else 0.0
+        if synced and start < ready <= self._mark:
+            # after the last local gradient: the all-reduce of the last buckets, and the wait
+            # for slower ranks to send theirs
+            waited = self._mark - ready
+            self.comm_s += waited
+            lap -= waited
+        self.backward_s += lap
+
+    def optimized(self) -> None:
+        self.optimizer_s += self._lap()
+
+    def end(self) -> PhaseTimes:
+        """The step's phases (what is left since the optimizer: the agreement between ranks,
+        communication); starts the next step."""
+        self.comm_s += self._lap()
+        out = PhaseTimes(
+            step_s=self._mark - self._start,
+            data_s=self.data_s,
+            forward_s=self.forward_s,
+            backward_s=self.backward_s,
+            comm_s=self.comm_s,
+            optimizer_s=self.optimizer_s,
+            samples=self.samples,
+            tokens=self.tokens,
+        )
+        self._start = self._mark
+        self._reset()
         return out
 
 
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, tuple | list) and batch:
-        first = batch[0]
-        if isinstance(first, torch.Tensor) and first.dim() > 0:
-            return int(first.shape[0])
-        if isinstance(first, Mapping):
-            for value in first.values():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    return int(value.shape[0])
-    return 0
+def _batch_counts(batch: Any) -> tuple[int, int]:
+    """(samples, tokens) of a micro-batch: its first dimension, and for sequence inputs (token
+    ids ``[batch, seq]``, or ``[batch, seq, features]``) batch times sequence length, or the
+    sum of an ``attention_mask`` when the inputs are a mapping that has one."""
+    if not (isinstance(batch, tuple | list) and batch):
+        return 0, 0
+    first = batch[0]
+    if isinstance(first, Mapping):
+        mask = first.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() > 0:
+            return int(mask.shape[0]), int(mask.sum()) if mask.dim() > 1 else 0
+        tensors = [v for v in first.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        if not tensors:
+            return 0, 0
+        first = tensors[0]
+    if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        return 0, 0
+    samples = int(first.shape[0])
+    sequence = first.dim() >= 3 or (first.dim() == 2 and not first.is_floating_point())
+    return samples, samples * int(first.shape[1]) if sequence else 0
 
 
 class _StepClock:

@@ -19,6 +19,9 @@ What it promises, on the bus (all events signed with the ``training-agent`` serv
 - For each ``gantry.job.stop.requested`` naming this node and an attempt running here:
   SIGTERM (the runtime checkpoints at the next step boundary), ``grace_s`` to exit, SIGKILL;
   "checkpointed" with the stored step, then "stopped".
+- For each ``gantry.job.trace.requested`` from the profiler (source ``gantry/profiler``, a
+  ``svc-`` key) for an attempt running here: the request to this node's workers of the asked
+  ranks, then what they record uploaded to the profiler (:mod:`gantry.training_agent.traces`).
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ from gantry.events.catalog import (
     JOB_WORKERS,
     NODE_HEARTBEAT,
     NODE_REGISTERED,
+    TRACE_REQUESTED,
     JobProgress,
     JobScheduled,
     JobStepMetrics,
     JobStopRequested,
     JobWorkersReported,
     NodeHeartbeat,
+    TraceRequested,
     WorkerPlacement,
 )
 from gantry.events.envelope import EventEnvelope
@@ -74,6 +79,13 @@ from gantry.training_agent.logs import (
     event,
 )
 from gantry.training_agent.settings import AgentSettings
+from gantry.training_agent.traces import (
+    PROFILER_SOURCE,
+    ProfilerLink,
+    TraceRelay,
+    prepare_trace_dir,
+    trace_dir,
+)
 
 _log = get_logger("gantry.training_agent")
 
@@ -183,6 +195,8 @@ class NodeAgent:
         self.keyring = keyring or Keyring(settings.keys_dir)
         self.key = self.keyring.service_key(SERVICE_NAME)
         self.governance = GovernanceLink(settings, self.keyring)
+        profiler = ProfilerLink(settings, self.governance.token)
+        self.traces = TraceRelay(profiler, self.node, wait_s=self.options.trace_wait_s)
         self.ready = asyncio.Event()
         self._stopping = asyncio.Event()
         self._attempts: dict[tuple[str, int], _Attempt] = {}
@@ -274,6 +288,7 @@ class NodeAgent:
             cpu_util=self._usage.cpu_util(),
             memory_used_mib=self._usage.memory_used_mib(),
             gpus=gpus,
+            **self._usage.network(),
         )
 
     async def _heartbeat(self, bus: Bus) -> None:
@@ -303,7 +318,7 @@ class NodeAgent:
     # -- the JOBS stream -----------------------------------------------------------------------
 
     async def _handle(self, batch: Sequence[Delivery]) -> None:
-        """Start or stop workers; events other than scheduled/stop are not ours and skipped."""
+        """Start or stop workers, pass on trace requests; other events are not ours."""
         ours = (JOB_SCHEDULED.type, JOB_STOP_REQUESTED.type)
         for delivery in batch:  # refuse the whole batch before any side effect
             ev = delivery.event
@@ -316,12 +331,22 @@ class NodeAgent:
                     f"refused: only the scheduler ({SCHEDULER_SOURCE}, a service key) places "
                     "and stops jobs"
                 )
+            if ev.type == TRACE_REQUESTED.type and (
+                ev.source != PROFILER_SOURCE
+                or not (delivery.signer or "").startswith(SERVICE_KID_PREFIX)
+            ):
+                raise PermanentError(
+                    f"{ev.type} from {ev.source!r} signed by {delivery.signer!r} is refused: "
+                    f"only the profiler ({PROFILER_SOURCE}, a service key) asks for traces"
+                )
         for delivery in batch:
             ev = delivery.event
             if ev.type == JOB_SCHEDULED.type:
                 await self._on_scheduled(ev, JobScheduled.model_validate(ev.data))
             elif ev.type == JOB_STOP_REQUESTED.type:
                 self._on_stop(JobStopRequested.model_validate(ev.data))
+            elif ev.type == TRACE_REQUESTED.type:
+                self._on_trace(TraceRequested.model_validate(ev.data))
 
     async def _on_scheduled(self, ev: EventEnvelope, job: JobScheduled) -> None:
         mine = sorted((p for p in job.placements if p.node == self.node), key=lambda p: p.worker)
@@ -430,6 +455,7 @@ class NodeAgent:
                 resume=resume,
                 restarts=attempt.restarts,
                 cuda_mps=self.options.cuda_mps,
+                trace_dir=prepare_trace_dir(attempt.job_dir, attempt.attempt),
                 base=base,
             )
             await self._spawn(attempt, placement.worker, command, env)
@@ -555,8 +581,12 @@ class NodeAgent:
                         "step_ms_max",
                         "data_ms",
                         "compute_ms",
+                        "forward_ms",
+                        "backward_ms",
+                        "comm_ms",
                         "optimizer_ms",
                         "samples",
+                        "tokens",
                         "memory_mib",
                     )
                     if k in record
@@ -723,6 +753,20 @@ class NodeAgent:
         self._seen[attempt.key] = None
         while len(self._seen) > 10_000:
             self._seen.popitem(last=False)
+
+    # -- deep traces ---------------------------------------------------------------------------
+
+    def _on_trace(self, request: TraceRequested) -> None:
+        """Pass a trace request to this node's workers of the attempt; upload what they record."""
+        attempt = self._attempts.get((request.job_id, request.attempt))
+        if attempt is None or attempt.finished or attempt.failed:
+            return  # not running here
+        ranks = [p.worker for p in attempt.mine if not request.ranks or p.worker in request.ranks]
+        if not ranks or not self.traces.claim(request.trace_id):
+            return
+        self.note(attempt, f"deep trace {request.trace_id} of {request.steps} steps, ranks {ranks}")
+        directory = trace_dir(attempt.job_dir, attempt.attempt)
+        self._spawn_task(self.traces.relay(request, directory, ranks, lambda: not attempt.finished))
 
     # -- stopping ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import os
 import socket
+import time
 import uuid
 import zlib
 from collections.abc import Mapping
@@ -249,6 +250,21 @@ class UsageSampler:
     def __init__(self) -> None:
         self._nvml = _nvml()
         self._last_cpu = _cpu_times()
+        self._last_net = (time.monotonic(), *_net_bytes())
+
+    def network(self) -> dict[str, float]:
+        """Bytes per second received and sent on the node's interfaces (loopback excluded)
+        since the last call: ``net_rx_bytes_per_s`` and ``net_tx_bytes_per_s``."""
+        now, rx, tx = time.monotonic(), *_net_bytes()
+        then, rx0, tx0 = self._last_net
+        self._last_net = (now, rx, tx)
+        elapsed = now - then
+        if elapsed <= 0:
+            return {"net_rx_bytes_per_s": 0.0, "net_tx_bytes_per_s": 0.0}
+        return {
+            "net_rx_bytes_per_s": max(0.0, (rx - rx0) / elapsed),
+            "net_tx_bytes_per_s": max(0.0, (tx - tx0) / elapsed),
+        }
 
     def cpu_util(self) -> float:
         """Busy fraction of all CPUs since the last call."""
@@ -308,6 +324,20 @@ class UsageSampler:
             _log.warning("NVML utilisation unavailable", error=str(exc))
             return []
         return out
+
+
+def _net_bytes() -> tuple[int, int]:
+    """Bytes received and sent so far on every interface but loopback (``/proc/net/dev``)."""
+    rx = tx = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                continue
+            fields = counters.split()
+            rx += int(fields[0])
+            tx += int(fields[8])
+    return rx, tx
 
 
 def _cpu_times() -> tuple[int, int]:

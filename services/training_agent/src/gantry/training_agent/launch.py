@@ -4,7 +4,8 @@ A job whose ``spec.entrypoint`` names a ``task`` runs ``python -m gantry.trainin
 ARGS`` (the training runtime); ``module`` and ``command`` entry points run as they are. Every
 worker gets the ``torchrun``-style rendezvous variables (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and Gantry's own (job, attempt, directories,
-resume flag, its GPUs and, for a fractional GPU, its memory cap and MPS compute share).
+resume flag, deep-trace directory, its GPUs and, for a fractional GPU, its memory cap and MPS
+compute share).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def worker_environment(
     resume: bool,
     restarts: int = 0,
     cuda_mps: bool = False,
+    trace_dir: Path | None = None,
     base: Mapping[str, str],
 ) -> dict[str, str]:
     """The environment of one worker: ``base`` plus the rendezvous and Gantry variables."""
@@ -104,10 +106,13 @@ def worker_environment(
         "GANTRY_RESUME",
         "GANTRY_GPU_MEMORY_FRACTION",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "GANTRY_TRACE_DIR",
     ):
         env.pop(name, None)
     if resume:
         env["GANTRY_RESUME"] = "1"
+    if trace_dir is not None:  # where deep-trace requests arrive (gantry.training.tracing)
+        env["GANTRY_TRACE_DIR"] = str(trace_dir)
     if "OMP_NUM_THREADS" not in base:
         # the worker's CPU share, as torchrun would: several workers must not oversubscribe
         # the node's cores

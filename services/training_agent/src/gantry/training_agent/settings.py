@@ -64,8 +64,19 @@ class AgentOptions(BaseModel):
     )
     token: SecretStr = Field(
         default=SecretStr(""),
-        description="The agent's service token for governance; empty = issue one with the "
-        "platform's issuer key under <data_dir>/keys (embedded default).",
+        description="The agent's service token for governance and the profiler; empty = "
+        "issue one with the platform's issuer key under <data_dir>/keys (embedded default).",
+    )
+    profiler_addr: str = Field(
+        default="",
+        description="host:port of the profiler gRPC API, where the workers' deep traces are "
+        "uploaded; empty = read <data_dir>/run/profiler.json (the embedded default).",
+    )
+    trace_wait_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Longest wait for the workers' deep trace of one request (600): a minute "
+        "per traced step, at most this; a rank with none by then is reported failed.",
     )
     grant_ttl_s: int = Field(
         default=3600,

@@ -6,6 +6,7 @@ name        what it trains
 tabular     a churn classifier on the governed table ``churn``, read de-identified
 cnn         a small CNN on synthetic 28x28 images, with declared image augmentation, 2 workers
 transformer a character-level transformer language model on text shipped with the package
+sequences   a sequence regressor, 2 workers, one rank's data loader slowed (for the profiler)
 =========== ==================================================================================
 
 ``python -m gantry.training.examples`` lists them; ``python -m gantry.training.examples NAME``
@@ -45,6 +46,7 @@ EXAMPLES: tuple[Example, ...] = (
     ),
     Example("cnn", "small CNN on synthetic 28x28 images with image augmentation, 2 workers"),
     Example("transformer", "character-level transformer language model on shipped text"),
+    Example("sequences", "sequence regressor, 2 workers, one slowed on purpose (profiler)"),
 )
 
 

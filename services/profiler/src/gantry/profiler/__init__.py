@@ -1,0 +1,1 @@
+"""The profiler service: where training time goes, stragglers, slow nodes, utilisation."""

@@ -43,6 +43,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/sched_latency.py --quick
 	$(PY) bench/training.py --quick
 	$(PY) bench/serving.py --quick
+	$(PY) bench/profiler.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -53,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/sched_latency.py
 	$(PY) bench/training.py
 	$(PY) bench/serving.py
+	$(PY) bench/profiler.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

@@ -161,5 +161,24 @@ with tempfile.TemporaryDirectory() as d:
     except Exception as exc:
         out["serving_cuda_int8_refused"] = "CPU" in str(exc) or "cpu" in str(exc)
 
+# profiler input on CUDA: step phases timed with CUDA events (kernels, not launches) add up
+from gantry.training.trainer import Trainer, TrainingOptions, WorkerEnv
+seen = []
+net = lambda: torch.nn.Sequential(torch.nn.Linear(512, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1))
+data = lambda: torch.utils.data.TensorDataset(torch.randn(4096, 512), torch.randn(4096, 1))
+Trainer(net, torch.nn.functional.mse_loss, data, options=TrainingOptions(micro_batch_size=256, max_steps=12, device="cuda:0"),
+        env=WorkerEnv(), callbacks=[seen.append]).fit()
+late = seen[4:]
+phases = sum(m.data_s + m.forward_s + m.backward_s + m.comm_s + m.optimizer_s for m in late)
+steps = sum(m.step_s for m in late)
+out["profiler_cuda_phases"] = {
+    "forward_ms": round(1000 * sum(m.forward_s for m in late) / len(late), 3),
+    "backward_ms": round(1000 * sum(m.backward_s for m in late) / len(late), 3),
+    "optimizer_ms": round(1000 * sum(m.optimizer_s for m in late) / len(late), 3),
+    "comm_ms": round(1000 * sum(m.comm_s for m in late) / len(late), 3),
+    "phases_over_step": round(phases / steps, 3),
+    "ok": all(m.forward_s > 0 and m.backward_s > 0 for m in late) and 0.9 < phases / steps <= 1.01,
+}
+
 print(json.dumps(out))
 EOF

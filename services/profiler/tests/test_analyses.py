@@ -200,3 +200,35 @@ def test_compaction_folds_old_rows_into_minutes_and_expires_older(tmp_path: Path
     assert len(kept) == 1 and all(flags)
     assert (kept[0].first_step, kept[0].last_step, kept[0].samples) == (1, 300, 16 * 300)
     assert folded == 29
+
+
+def test_detection_settings_keep_their_hysteresis() -> None:
+    from pydantic import ValidationError
+
+    from gantry.profiler.settings import DetectionOptions
+
+    assert DetectionOptions().config().clear_threshold < DetectionOptions().config().threshold
+    with pytest.raises(ValidationError, match="must be below threshold"):
+        DetectionOptions(threshold=1.2, clear_threshold=1.25)
+
+
+def test_a_trace_nobody_answers_expires(tmp_path: Path) -> None:
+    from typing import Any, cast
+
+    from gantry.profiler.recording import Recorder
+    from gantry.profiler.traces import Traces
+
+    engine = store.connect(f"sqlite:///{tmp_path / 'p.db'}")
+    store.migrate(engine)
+    now = [1_000_000]
+    recorder = Recorder(engine, Profiles(), clock=lambda: now[0])
+    recorder.scheduled(JobScheduled(job_id="j", owner="ann", nodes=["n0", "n1"]))
+    traces = Traces(recorder, cast(Any, None), max_bytes=1 << 20, expire_s=60)
+    trace = traces.request("j", 5, [], "ann")
+    assert trace.state == "pending"
+    now[0] += 59_000
+    assert traces.get(trace.trace_id).state == "pending"
+    now[0] += 2_000
+    assert traces.get(trace.trace_id).state == "expired"
+    with pytest.raises(MetricRejected.__mro__[1]):  # InvalidInput: no such rank
+        traces.request("j", 5, [7], "ann")

@@ -13,7 +13,13 @@ import orjson
 import pytest
 
 from gantry.events import EventEnvelope
-from gantry.events.catalog import GpuUsage, JobStepMetrics, NodeHeartbeat
+from gantry.events.catalog import (
+    GpuUsage,
+    JobStateChanged,
+    JobStepMetrics,
+    NodeHeartbeat,
+    NodeRegistered,
+)
 from gantry.protos.v1 import profiler_pb2 as pb
 from gantry.testing.events import EventTap, dead_letter_reasons
 
@@ -96,8 +102,26 @@ async def test_a_straggler_is_found_reported_and_shown(profiler: Running, tap: E
     assert orjson.loads(straggler[0].evidence_json)["ratio"] > 2
     metrics = await asyncio.to_thread(scrape, profiler.service.metrics_port)
     assert 'gantry_profiler_finding_active{attempt="1",cause="slow_data_loading"' in metrics
-    phase = 'gantry_profiler_rank_phase_ms{attempt="1",job="job-a",node="n1",phase="data"'
+    phase = 'gantry_profiler_rank_phase_ms{attempt="1",job_id="job-a",node="n1",phase="data"'
     assert phase + ',rank="1"} 21.0' in metrics
+    # the job ends: its standing findings end with it, each with its event
+    await end_job(profiler, "job-a", "succeeded")
+    cleared = await tap.wait_for("gantry.job.profile.finding", state="cleared", job_id="job-a")
+    assert cleared[0].data["summary"].startswith("cleared: the job ended (succeeded)")
+    metrics = await asyncio.to_thread(scrape, profiler.service.metrics_port)
+    assert 'job_id="job-a"' not in metrics  # no stale series of an ended job
+
+
+async def end_job(p: Running, job: str, state: str) -> None:
+    await p.scheduler.publish(
+        EventEnvelope(
+            type="gantry.job.state",
+            source="gantry/scheduler",
+            actor="ann",
+            subject=job,
+            data=JobStateChanged(job_id=job, state=state, attempt=1).model_dump(mode="json"),
+        )
+    )
 
 
 def scrape(port: int) -> str:
@@ -199,13 +223,43 @@ async def test_operators_mark_nodes_and_developers_may_not(
             pb.SetNodeHealthRequest(node="n9", degraded=True), metadata=profiler.md()
         )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    admin = profiler.md("pat", "platform-admin")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await profiler.stub.SetNodeHealth(
+            pb.SetNodeHealthRequest(node="n9", degraded=True), metadata=admin
+        )
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND  # no such node: nothing invented
+    await profiler.agent.publish(
+        EventEnvelope(
+            type="gantry.node.registered",
+            source="gantry/training-agent",
+            actor="svc-training-agent",
+            subject="n9",
+            data=NodeRegistered(node="n9", cpu_milli=8000, memory_mib=1024).model_dump(mode="json"),
+        )
+    )
+    async with asyncio.timeout(10):
+        while "n9" not in profiler.service.recorder.profiles.tracker.nodes:
+            await asyncio.sleep(0.05)
     node = await profiler.stub.SetNodeHealth(
-        pb.SetNodeHealthRequest(node="n9", degraded=True, reason="bad DIMM"),
-        metadata=profiler.md("pat", "platform-admin"),
+        pb.SetNodeHealthRequest(node="n9", degraded=True, reason="bad DIMM"), metadata=admin
     )
     assert node.state == "degraded" and node.reason == "bad DIMM"
     events = await tap.wait_for("gantry.node.degraded", node="n9")
     assert events[0].actor == "pat"
+    # the node comes back (its agent restarted): the profiler says again that it is degraded,
+    # for a scheduler that would otherwise take it as ready
+    await profiler.agent.publish(
+        EventEnvelope(
+            type="gantry.node.registered",
+            source="gantry/training-agent",
+            actor="svc-training-agent",
+            subject="n9",
+            data=NodeRegistered(node="n9", cpu_milli=8000, memory_mib=1024).model_dump(mode="json"),
+        )
+    )
+    again = await tap.wait_for("gantry.node.degraded", count=2, node="n9")
+    assert again[1].data["reason"] == "bad DIMM"
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await profiler.stub.GetJobProfile(pb.GetJobProfileRequest(job_id="nope"))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -239,7 +293,7 @@ async def test_traces_are_requested_uploaded_encrypted_and_downloaded(
     agent_md = [("authorization", f"Bearer {token}")]
     payload = b"\x1f\x8b" + bytes(range(256)) * 9000  # a few MB-ish of "gzip"
 
-    def upload(node: str) -> Any:
+    def upload(node: str, md: Any = agent_md) -> Any:
         async def messages() -> Any:
             yield pb.UploadTraceRequest(
                 trace_id=trace.trace_id, job_id="job-t", attempt=1, rank=1, node=node,
@@ -248,11 +302,16 @@ async def test_traces_are_requested_uploaded_encrypted_and_downloaded(
             for i in range(0, len(payload), 1 << 20):
                 yield pb.UploadTraceRequest(data=payload[i : i + (1 << 20)])
 
-        return profiler.stub.UploadTrace(messages(), metadata=agent_md)
+        return profiler.stub.UploadTrace(messages(), metadata=md)
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await upload("n0")
+        await upload("n0")  # rank 1 does not run there
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    serving = ServiceToken("serving", lambda: profiler.keyring.issuer()).get()
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # a service, but not a node agent
+        await upload("n1", [("authorization", f"Bearer {serving}")])
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "only the node agents" in (err.value.details() or "")
     stored = await upload("n1")
     assert stored.bytes == len(payload)
     ready = await tap.wait_for("gantry.job.trace.ready", job_id="job-t")
@@ -261,6 +320,12 @@ async def test_traces_are_requested_uploaded_encrypted_and_downloaded(
         pb.GetTraceRequest(trace_id=trace.trace_id), metadata=profiler.md()
     )
     assert got.state == "ready" and got.files[0].first_step == 12
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # another developer: not their job
+        async for _ in profiler.stub.DownloadTrace(
+            pb.DownloadTraceRequest(trace_id=trace.trace_id, rank=1), metadata=profiler.md("bo")
+        ):
+            pass
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     chunks = [
         c.data
         async for c in profiler.stub.DownloadTrace(

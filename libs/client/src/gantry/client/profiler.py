@@ -4,7 +4,7 @@
 
     from gantry.client.profiler import ProfilerClient
 
-    with ProfilerClient("127.0.0.1:7036", token) as profiler:
+    with ProfilerClient("127.0.0.1:7035", token) as profiler:
         profile = profiler.job_profile("resnet-ft")
         for finding in profile.standing:
             print(finding.summary)                    # the verdict in words
@@ -41,7 +41,7 @@ from gantry.protos.v1 import profiler_pb2_grpc as pb_grpc
 #: other ranks, the rest is the rank's own work.
 PHASES = ("data", "forward", "backward", "optimizer", "comm")
 #: Trace states after which nothing changes any more.
-TRACE_DONE = frozenset({"ready", "partial", "failed"})
+TRACE_DONE = frozenset({"ready", "partial", "failed", "expired"})
 #: The most steps one trace may record (the service refuses more).
 MAX_TRACE_STEPS = 1000
 
@@ -418,7 +418,7 @@ class TraceInfo:
 
     @property
     def done(self) -> bool:
-        """Whether the trace has stopped changing (ready, partial or failed)."""
+        """Whether the trace has stopped changing (ready, partial, failed or expired)."""
         return self.state in TRACE_DONE
 
     @property

@@ -694,7 +694,7 @@ class Trainer:
             sampler.skip = first * options.micro_batch_size
             batches = first + len(loader)
             loss_sum = torch.zeros((), device=self.device)
-            phases = _Phases(self._grad_clock)
+            phases = _Phases(self._grad_clock, _marks_for(self.device))
             for index, batch in enumerate(loader, start=first):
                 phases.batch_arrived(batch)
                 group_start = index - index % accumulation
@@ -833,16 +833,57 @@ class PhaseTimes:
     tokens: int
 
 
+class _Mark(Protocol):
+    """A point in a step's timeline: a host timestamp, or a CUDA event on the stream."""
+
+    def record(self) -> None: ...
+
+    def elapsed_time(self, end: Any) -> float: ...
+
+    def synchronize(self) -> None: ...
+
+
+class _HostMark:
+    """A :class:`_Mark` on the host clock (CPU training: the work is done when the call
+    returns)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: _HostMark) -> float:
+        """Milliseconds from this mark to ``end`` (as ``torch.cuda.Event`` answers)."""
+        return (end.t - self.t) * 1000
+
+    def synchronize(self) -> None:
+        return None
+
+
+def _marks_for(device: torch.device) -> Callable[[], _Mark]:
+    """How to mark time on ``device``: CUDA events (queued on the stream, so they time the
+    kernels, not their launch) on a GPU, the host clock otherwise."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    return _HostMark
+
+
 class _GradClock:
     """When this rank's last gradient of the backward pass was ready.
 
-    Hooks on the parameters (after a gradient is accumulated) keep the time; what the backward
+    Hooks on the parameters (after a gradient is accumulated) record a mark; what the backward
     call takes after the last of them is waiting for the gradient all-reduce (DDP launches a
-    bucket's all-reduce as soon as its gradients are ready and waits for all of them at the end).
+    bucket's all-reduce as soon as its gradients are ready and waits for all of them at the
+    end). On a GPU the mark is a CUDA event recorded in the stream, after the kernels that made
+    the gradient.
     """
 
     def __init__(self) -> None:
-        self.last = 0.0
+        self.mark: _Mark | None = None
+        self.fired = False
         self._handles: list[Any] = []
 
     def attach(self, model: nn.Module) -> None:
@@ -851,8 +892,15 @@ class _GradClock:
                 hook = param.register_post_accumulate_grad_hook
                 self._handles.append(hook(self._ready))  # type: ignore[no-untyped-call]
 
+    def arm(self, mark: _Mark) -> None:
+        """Record into ``mark`` during the next backward pass."""
+        self.mark = mark
+        self.fired = False
+
     def _ready(self, param: torch.Tensor) -> None:
-        self.last = time.perf_counter()
+        if self.mark is not None:
+            self.mark.record()
+            self.fired = True
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -861,70 +909,103 @@ class _GradClock:
 
 
 class _Phases:
-    """Where one rank's step time goes: data, forward, backward, communication, optimizer."""
+    """Where one rank's step time goes: data, forward, backward, communication, optimizer.
 
-    def __init__(self, grads: _GradClock | None = None) -> None:
+    Waiting for data is timed on the host (the loader is host code). The rest is timed between
+    marks (:func:`_marks_for`): on a GPU, CUDA events, read once the step's agreement between
+    ranks has synchronised the stream, so forward, backward and optimizer are the kernels' time,
+    not their launch. Communication is the backward pass after the last local gradient (the
+    all-reduce still running, or waiting for slower ranks) plus what the step took beyond its
+    timed phases (the agreement between ranks at its end).
+    """
+
+    def __init__(
+        self, grads: _GradClock | None = None, new_mark: Callable[[], _Mark] = _HostMark
+    ) -> None:
         self._grads = grads
+        self._new = new_mark
         self._mark = time.perf_counter()
         self._start = self._mark
-        self._reset()
-
-    def _reset(self) -> None:
-        self.data_s = self.forward_s = self.backward_s = self.comm_s = self.optimizer_s = 0.0
+        self._spans: list[tuple[str, _Mark, _Mark]] = []
+        self._compute: _Mark | None = None
+        self.data_s = 0.0
         self.samples = self.tokens = 0
 
-    def _lap(self) -> float:
-        now = time.perf_counter()
-        lap, self._mark = now - self._mark, now
-        return lap
+    def _at(self) -> _Mark:
+        mark = self._new()
+        mark.record()
+        return mark
 
     def batch_arrived(self, batch: Any) -> None:
-        self.data_s += self._lap()
+        now = time.perf_counter()
+        self.data_s += now - self._mark
+        self._mark = now
         samples, tokens = _batch_counts(batch)
         self.samples += samples
         self.tokens += tokens
+        self._compute = self._at()
 
     def forwarded(self) -> None:
-        self.forward_s += self._lap()
+        mark = self._at()
+        if self._compute is not None:
+            self._spans.append(("forward", self._compute, mark))
+        self._compute = mark
+        if self._grads is not None:
+            self._grads.arm(self._new())
 
     def backwarded(self, *, synced: bool) -> None:
-        start = self._mark
-        lap = self._lap()
-        ready = self._grads.last if self._grads is not None else 0.0
-        if synced and start < ready <= self._mark:
-            # after the last local gradient: the all-reduce of the last buckets, and the wait
-            # for slower ranks to send theirs
-            waited = self._mark - ready
-            self.comm_s += waited
-            lap -= waited
-        self.backward_s += lap
+        mark = self._at()
+        grads = self._grads
+        if self._compute is not None:
+            if synced and grads is not None and grads.fired and grads.mark is not None:
+                # after the last local gradient: the all-reduce of the last buckets, and the
+                # wait for slower ranks to send theirs
+                self._spans.append(("backward", self._compute, grads.mark))
+                self._spans.append(("comm", grads.mark, mark))
+            else:
+                self._spans.append(("backward", self._compute, mark))
+        self._compute = mark
+        self._mark = time.perf_counter()
 
     def optimized(self) -> None:
-        self.optimizer_s += self._lap()
+        mark = self._at()
+        if self._compute is not None:
+            self._spans.append(("optimizer", self._compute, mark))
+        self._compute = None
+        self._mark = time.perf_counter()
 
     def end(self) -> PhaseTimes:
-        """The step's phases (what is left since the optimizer: the agreement between ranks,
-        communication); starts the next step."""
-        self.comm_s += self._lap()
+        """The step's phases; starts the next step."""
+        now = time.perf_counter()
+        timed = {"forward": 0.0, "backward": 0.0, "comm": 0.0, "optimizer": 0.0}
+        if self._spans:
+            self._spans[-1][2].synchronize()
+        for kind, first, last in self._spans:
+            timed[kind] += max(0.0, first.elapsed_time(last)) / 1000
+        step = now - self._start
+        rest = step - self.data_s - sum(timed.values())
         out = PhaseTimes(
-            step_s=self._mark - self._start,
+            step_s=step,
             data_s=self.data_s,
-            forward_s=self.forward_s,
-            backward_s=self.backward_s,
-            comm_s=self.comm_s,
-            optimizer_s=self.optimizer_s,
+            forward_s=timed["forward"],
+            backward_s=timed["backward"],
+            comm_s=timed["comm"] + max(0.0, rest),
+            optimizer_s=timed["optimizer"],
             samples=self.samples,
             tokens=self.tokens,
         )
-        self._start = self._mark
-        self._reset()
+        self._start = self._mark = now
+        self._spans = []
+        self._compute = None
+        self.data_s = 0.0
+        self.samples = self.tokens = 0
         return out
 
 
 def _batch_counts(batch: Any) -> tuple[int, int]:
-    """(samples, tokens) of a micro-batch: its first dimension, and for sequence inputs (token
-    ids ``[batch, seq]``, or ``[batch, seq, features]``) batch times sequence length, or the
-    sum of an ``attention_mask`` when the inputs are a mapping that has one."""
+    """(samples, tokens) of a micro-batch: its first dimension, and for sequence inputs (integer
+    token ids ``[batch, seq]``, or ``[batch, seq, features]``) batch times sequence length, or
+    the sum of an ``attention_mask`` when the inputs are a mapping that has one."""
     if not (isinstance(batch, tuple | list) and batch):
         return 0, 0
     first = batch[0]
@@ -939,7 +1020,9 @@ def _batch_counts(batch: Any) -> tuple[int, int]:
     if not isinstance(first, torch.Tensor) or first.dim() == 0:
         return 0, 0
     samples = int(first.shape[0])
-    sequence = first.dim() >= 3 or (first.dim() == 2 and not first.is_floating_point())
+    # token ids [batch, seq], or embedded sequences [batch, seq, features]; not images
+    # ([batch, channels, height, width]) nor feature rows ([batch, features])
+    sequence = (first.dim() == 2 and not first.is_floating_point()) or first.dim() == 3
     return samples, samples * int(first.shape[1]) if sequence else 0
 
 

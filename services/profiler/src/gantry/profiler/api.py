@@ -9,6 +9,7 @@ come from the node agent of the node the rank runs on.
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -33,6 +34,8 @@ from gantry.security.rpc_errors import rpc_errors, stream_rpc_errors
 
 SERVICE = "gantry.profiler.v1.ProfilerService"
 SERVICE_NAME = "profiler"
+AGENT_IDENTITY = "training-agent"
+"""The subject of the node agents' service token: the only uploader of traces."""
 METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/GetJobProfile": MethodRule("read", "job"),
     f"/{SERVICE}/ListNodes": MethodRule("list", "node"),
@@ -283,20 +286,30 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
 
     @rpc_errors
     async def GetTrace(self, request: pb.GetTraceRequest, context: Any) -> pb.Trace:
-        return trace_pb(await asyncio.to_thread(self.traces.get, request.trace_id))
+        """A trace and its files (the job's owner, or a principal allowed ``update job``)."""
+        view = await asyncio.to_thread(self.traces.get, request.trace_id)
+        self._may_touch_job(current_principal(), view.job_id, view.owner, "GetTrace")
+        return trace_pb(view)
 
     @rpc_errors
     async def ListTraces(
         self, request: pb.ListTracesRequest, context: Any
     ) -> pb.ListTracesResponse:
+        """A job's traces (its owner, or a principal allowed ``update job``)."""
         views = await asyncio.to_thread(self.traces.list, request.job_id)
+        principal = current_principal()
+        for view in views[:1]:
+            self._may_touch_job(principal, view.job_id, view.owner, "ListTraces")
         return pb.ListTracesResponse(traces=[trace_pb(v) for v in views])
 
     @stream_rpc_errors
     async def DownloadTrace(
         self, request: pb.DownloadTraceRequest, context: Any
     ) -> AsyncIterator[pb.Chunk]:
-        """One rank's trace file (gzipped Chrome trace JSON), in pieces."""
+        """One rank's trace file (gzipped Chrome trace JSON), in pieces; for the job's owner or
+        a principal allowed ``update job`` (a trace shows the job's code and data shapes)."""
+        view = await asyncio.to_thread(self.traces.get, request.trace_id)
+        self._may_touch_job(current_principal(), view.job_id, view.owner, "DownloadTrace")
         pieces: Iterator[bytes] = await asyncio.to_thread(
             self.traces.open, request.trace_id, request.rank
         )
@@ -310,8 +323,15 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
     async def UploadTrace(
         self, request_iterator: AsyncIterator[pb.UploadTraceRequest], context: Any
     ) -> pb.UploadTraceResponse:
-        """A node agent hands over what a worker recorded."""
+        """A node agent hands over what a worker recorded (streamed into the object store)."""
         principal = current_principal()
+        if principal.subject != AGENT_IDENTITY:
+            raise PermissionDenied(
+                principal.subject,
+                "trace",
+                "a job",
+                reason=f"only the node agents ({AGENT_IDENTITY}) upload traces",
+            )
         first = None
         async for message in request_iterator:
             first = message
@@ -329,15 +349,35 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
             failed_reason=first.failed_reason,
         )
         await asyncio.to_thread(self.traces.check_upload, up, principal.subject)
-        pieces = [first.data] if first.data else []
-        async for message in request_iterator:
-            pieces.append(message.data)
-            if sum(map(len, pieces)) > self.traces.max_bytes:
-                raise InvalidInput(
-                    f"trace file larger than {self.traces.max_bytes} bytes",
-                    hint="trace fewer steps",
-                )
-        stored = await asyncio.to_thread(self.traces.store, up, pieces, principal.subject)
+        # the pieces go to the store as they come (a bounded queue: memory stays small)
+        pieces: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        loop = asyncio.get_running_loop()
+
+        def chunks() -> Iterator[bytes]:
+            while (piece := pieces.get()) is not None:
+                yield piece
+
+        storing = loop.run_in_executor(None, self.traces.store, up, chunks(), principal.subject)
+
+        def put(piece: bytes | None) -> bool:
+            """Hand a piece over; False once the store gave up (its error is raised below)."""
+            while True:
+                try:
+                    pieces.put(piece, timeout=0.2)
+                    return True
+                except queue.Full:
+                    if storing.done():
+                        return False
+
+        try:
+            if first.data:
+                await asyncio.to_thread(put, first.data)
+            async for message in request_iterator:
+                if not await asyncio.to_thread(put, message.data):
+                    break
+        finally:
+            await asyncio.to_thread(put, None)
+        stored = await storing
         return pb.UploadTraceResponse(bytes=stored.bytes, sha256=stored.sha256)
 
 

@@ -105,7 +105,9 @@ class ProfilerService:
             SERVICE_NAME,
         )
         server = grpc.aio.server(interceptors=[interceptor])
-        traces = Traces(self.recorder, objects, max_bytes=o.max_trace_bytes)
+        traces = Traces(
+            self.recorder, objects, max_bytes=o.max_trace_bytes, expire_s=o.trace_expire_s
+        )
         profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(
             ProfilerApi(self.recorder, traces, authorizer, sink), server
         )

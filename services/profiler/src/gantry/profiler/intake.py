@@ -105,9 +105,9 @@ class Intake:
                 w = Window.from_event(JobStepMetrics.model_validate(delivery.event.data))
                 await asyncio.to_thread(self.recorder.admit, w)
             except UnknownJob as exc:
-                self.counters.rejected.labels(exc.reason).inc()
                 if delivery.num_delivered < UNKNOWN_JOB_RETRIES:
                     raise TemporaryError(str(exc), delay_s=self.retry_s) from None
+                self.counters.rejected.labels(exc.reason).inc()  # counted once, when given up
                 raise PermanentError(str(exc)) from None
             except MetricRejected as exc:
                 self.counters.rejected.labels(exc.reason).inc()

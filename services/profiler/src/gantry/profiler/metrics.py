@@ -3,11 +3,13 @@
 Counters of what came in are kept as they happen; gauges (per-rank phases, straggler ratios,
 standing findings, node health and utilisation, cluster allocation against use) are computed
 from the :class:`~gantry.profiler.recording.Recorder` at each scrape by a custom collector, so
-they never go stale when a job ends. ``deploy/grafana/gantry-profiler.json`` charts them.
+they never go stale when a job ends. ``deploy/grafana/gantry-profiler.json`` charts them. Jobs
+are labelled ``job_id`` (Prometheus keeps ``job`` for the scrape target).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
@@ -64,27 +66,27 @@ class ProfilerCollector(Collector):
         phase = GaugeMetricFamily(
             "gantry_profiler_rank_phase_ms",
             "Per-step milliseconds of each phase of each rank, over the recent steps",
-            labels=["job", "attempt", "rank", "node", "phase"],
+            labels=["job_id", "attempt", "rank", "node", "phase"],
         )
         ratio = GaugeMetricFamily(
             "gantry_profiler_rank_busy_ratio",
-            "A rank's busy time over the median of the other ranks' (stragglers > 1.3)",
-            labels=["job", "attempt", "rank", "node"],
+            "A rank's busy time over the median of the other ranks' (stragglers > 1.5)",
+            labels=["job_id", "attempt", "rank", "node"],
         )
         samples = GaugeMetricFamily(
             "gantry_profiler_job_samples_per_second",
             "Samples per second of all ranks, recent",
-            labels=["job", "attempt"],
+            labels=["job_id", "attempt"],
         )
         compute = GaugeMetricFamily(
             "gantry_profiler_job_compute_fraction",
             "Forward and backward over the step time (median rank)",
-            labels=["job", "attempt"],
+            labels=["job_id", "attempt"],
         )
         standing = GaugeMetricFamily(
             "gantry_profiler_finding_active",
             "1 for each standing finding",
-            labels=["job", "attempt", "kind", "rank", "node", "phase", "cause"],
+            labels=["job_id", "attempt", "kind", "rank", "node", "phase", "cause"],
         )
         with self.recorder.lock:
             for record in self.recorder.profiles.jobs.values():
@@ -98,9 +100,9 @@ class ProfilerCollector(Collector):
                     node = record.gang.ranks[rank].node
                     for p in PHASES:
                         phase.add_metric([job, attempt, str(rank), node, p], s[f"{p}_ms"])
-                    others = sorted(v["busy_ms"] for r, v in summary.items() if r != rank)
-                    if others:
-                        median = others[len(others) // 2]
+                    others = [v["busy_ms"] for r, v in summary.items() if r != rank]
+                    if others:  # the verdict's own measure: over the others' median
+                        median = statistics.median(others)
                         ratio.add_metric(
                             [job, attempt, str(rank), node], s["busy_ms"] / max(median, 1e-6)
                         )

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gantry.core import NotFound
 from gantry.events.catalog import NodeHeartbeat, NodeRegistered
 
 
@@ -210,7 +211,13 @@ class NodeTracker:
         self, node: str, degraded: bool, reason: str, actor: str, now_ms: int
     ) -> HealthChange | None:
         """An operator marks a node degraded or recovered (None when it already is)."""
-        state = self.node(node)
+        if node not in self.nodes:
+            raise NotFound(
+                "node",
+                node,
+                hint="name a node that registered or sent heartbeats (`gantry profile nodes`)",
+            )
+        state = self.nodes[node]
         if state.degraded == degraded:
             return None
         state.slow.clear()

@@ -154,7 +154,8 @@ class Recorder:
             )
 
     def job_state(self, job_id: str, attempt: int, state: str) -> None:
-        """A job changed state: an ended attempt's standing findings are cleared."""
+        """A job changed state: an ended attempt's standing findings are cleared (with their
+        events: the audit sees each finding end)."""
         now = self.clock()
         with self.lock, self.engine.begin() as conn:
             record = self.profiles.job_state(job_id, attempt, state, now)
@@ -165,15 +166,14 @@ class Recorder:
                 .where(store.jobs.c.job_id == job_id, store.jobs.c.attempt == record.attempt)
                 .values(state="ended", ended_ms=now, last_step=record.last_step)
             )
-            conn.execute(
-                store.findings.update()
-                .where(
-                    store.findings.c.job_id == job_id,
-                    store.findings.c.attempt == record.attempt,
-                    store.findings.c.cleared_ms == 0,
-                )
-                .values(cleared_ms=now)
-            )
+            standing = list(record.gang.active.values())
+            record.gang.active.clear()
+            for finding in standing:
+                finding.step = record.last_step
+                finding.summary = f"the job ended ({state}): {finding.summary}"
+                self._finding(conn, record, "cleared", finding, now)
+        if standing:
+            self.on_change()
 
     def windows(self, batch: Sequence[Window]) -> Applied:
         """Analyse and store windows (checked against the job beforehand: :meth:`admit`).
@@ -232,8 +232,22 @@ class Recorder:
             return self._commit(out, now, samples=rows)
 
     def registered(self, r: NodeRegistered) -> None:
+        """A node (re-)registered. When it is degraded here, say so again: the scheduler may
+        have forgotten (a node that was lost and came back starts out ready there)."""
         with self.lock:
             self.profiles.registered(r)
+            state = self.profiles.tracker.node(r.node)
+            if not state.degraded:
+                return
+            with self.engine.begin() as conn:
+                store.record(
+                    conn,
+                    NODE_DEGRADED.type,
+                    NodeHealth(node=r.node, reason=state.reason, evidence=state.evidence),
+                    actor=ACTOR,
+                    subject=r.node,
+                )
+        self.on_change()
 
     def tick(self) -> Applied:
         """Analyse held windows whose time came; probation recoveries."""

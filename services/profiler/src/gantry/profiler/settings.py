@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gantry.core import CommonSettings
 from gantry.profiler.nodes import NodeHealthConfig
@@ -16,10 +16,10 @@ class DetectionOptions(BaseModel):
     """Straggler, imbalance and bottleneck thresholds (``GANTRY_PROFILER__DETECTION__*``)."""
 
     threshold: float = Field(
-        default=1.3, gt=1, description="A straggler's busy time over the other ranks' median."
+        default=1.5, gt=1, description="A straggler's busy time over the other ranks' median."
     )
     clear_threshold: float = Field(
-        default=1.15, gt=1, description="The straggler verdict clears below this ratio."
+        default=1.25, gt=1, description="The straggler verdict clears below this ratio."
     )
     horizon_steps: int = Field(
         default=30, ge=2, description="Judge at least this many recent steps..."
@@ -43,6 +43,15 @@ class DetectionOptions(BaseModel):
     comm_bound: float = Field(
         default=0.5, gt=0, le=1, description="Share of the step waiting on communication."
     )
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> DetectionOptions:
+        if self.clear_threshold >= self.threshold:
+            raise ValueError(
+                f"clear_threshold ({self.clear_threshold}) must be below threshold "
+                f"({self.threshold}), or a verdict would clear as soon as it is raised"
+            )
+        return self
 
     def config(self) -> DetectionConfig:
         return DetectionConfig(**self.model_dump())
@@ -102,6 +111,11 @@ class ProfilerOptions(BaseModel):
     )
     max_jobs: int = Field(
         default=500, ge=1, description="Ended jobs kept in memory (all stay in the database)."
+    )
+    trace_expire_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="A trace whose ranks never all answered is reported expired after this.",
     )
     max_trace_bytes: int = Field(
         default=512 * 1024 * 1024, ge=1024, description="Largest trace file accepted (512 MiB)."

@@ -47,9 +47,9 @@ Kind = Literal["straggler", "data_imbalance", "input_bound", "comm_bound"]
 class DetectionConfig:
     """Thresholds of the analyses (the profiler's settings ``detection.*``)."""
 
-    threshold: float = 1.3
+    threshold: float = 1.5
     """A straggler's busy time is at least this multiple of the other ranks' median."""
-    clear_threshold: float = 1.15
+    clear_threshold: float = 1.25
     """...and the verdict clears below this multiple."""
     horizon_steps: int = 30
     """Judge at least this many of the most recent steps..."""
@@ -226,8 +226,8 @@ class GangAnalyzer:
         cfg = self.config
         recent = self.recent()
         steps = sum(s.steps for s in recent)
-        if len(recent) < cfg.min_segments or steps < min(cfg.horizon_steps, 2):
-            return []
+        if len(recent) < cfg.min_segments or steps < cfg.horizon_steps:
+            return []  # too early to judge: at least horizon_steps steps in min_segments
         step = recent[0].last_step
         found: dict[tuple[str, int], Finding] = {}
         for rank in self.ranks:

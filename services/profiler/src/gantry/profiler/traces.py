@@ -73,10 +73,15 @@ class Upload:
 class Traces:
     """Trace requests, uploads and downloads."""
 
-    def __init__(self, recorder: Recorder, objects: ObjectStore, *, max_bytes: int) -> None:
+    def __init__(
+        self, recorder: Recorder, objects: ObjectStore, *, max_bytes: int, expire_s: float = 900.0
+    ) -> None:
         self.recorder = recorder
         self.objects = objects
         self.max_bytes = max_bytes
+        self.expire_s = expire_s
+        """A trace some ranks never answered is ``expired`` (or ``partial``) after this long:
+        the job ended first, or no agent got the request."""
 
     def request(self, job: str, steps: int, ranks: list[int], actor: str) -> TraceView:
         """Ask the running attempt of ``job`` for a trace of its next ``steps`` steps."""
@@ -178,10 +183,10 @@ class Traces:
         wanted = orjson.loads(r.ranks_json)
         done = {f.rank for f in files}
         ready = [f for f in files if f.state == "ready"]
-        if not files:
-            state = "pending"
-        elif done >= set(wanted):
+        if files and done >= set(wanted):
             state = "ready" if len(ready) == len(files) else ("partial" if ready else "failed")
+        elif self.recorder.clock() - r.requested_ms > self.expire_s * 1000:
+            state = ("partial" if ready else "expired") if files else "expired"
         else:
             state = "pending"
         return TraceView(

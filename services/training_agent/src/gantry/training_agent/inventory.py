@@ -303,11 +303,12 @@ class UsageSampler:
                     power = float(nvml.nvmlDeviceGetPowerUsage(handle)) / 1000.0
                 with contextlib.suppress(Exception):
                     reasons = int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+                    # thermal and hardware slowdowns: a GPU at its power cap under load is
+                    # working as designed, not degraded
                     slow = (
                         getattr(nvml, "nvmlClocksThrottleReasonHwSlowdown", 0)
                         | getattr(nvml, "nvmlClocksThrottleReasonSwThermalSlowdown", 0)
                         | getattr(nvml, "nvmlClocksThrottleReasonHwThermalSlowdown", 0)
-                        | getattr(nvml, "nvmlClocksThrottleReasonSwPowerCap", 0)
                     )
                     throttled = bool(reasons & slow)
                 out.append(

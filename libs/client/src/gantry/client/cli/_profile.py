@@ -75,6 +75,7 @@ _STYLE = {
     "pending": "cyan",
     "partial": "yellow",
     "failed": "bold red",
+    "expired": "bold red",
     "running": "cyan",
 }
 _PERFETTO_HINT = (

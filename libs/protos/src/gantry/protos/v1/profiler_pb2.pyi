@@ -597,7 +597,7 @@ class Trace(_message.Message):
     attempt: _builtins.int
     steps: _builtins.int
     state: _builtins.str
-    """pending | ready | partial | failed"""
+    """pending | ready | partial | failed | expired (no answer)"""
     requested_by: _builtins.str
     requested_ms: _builtins.int
     @_builtins.property

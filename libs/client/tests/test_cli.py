@@ -371,6 +371,15 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "rolled out as a 20% canary and promoted by its checks" in out
     assert "canary rolled back automatically; v2 keeps serving" in out
     assert "history in the audit log" in out and "rolled_back" in out
+    # profiling: the training job's profile, a deliberately slowed worker found and reported
+    assert "churn-model: ms per step, recent steps" in out
+    assert "the profiler named the straggler" in out
+    assert "verdict: rank 1 on" in out and "Cause: its data loader is slow." in out
+    assert "slow-loader: straggler found" in out and "rank 1 (data, slow_data_loading)" in out
+    pictures = sorted(p.name for p in (tmp_path / "demo" / "profiles").iterdir())
+    assert pictures == [
+        "churn-model.html", "churn-model.png", "nodes.png", "slow-loader.html", "slow-loader.png"
+    ]  # fmt: skip
 
 
 def test_verify_reports_a_tampered_log(tmp_path: Path, gantry: Gantry) -> None:

@@ -108,12 +108,15 @@ def profiler_story(
                 f"the profile of {trained_job}",
             )
             summary.training_profile = profile
-        console.print(rank_table(f"{trained_job}: ms per step, recent steps", profile))
+        name = profile.name or trained_job
+        console.print(rank_table(f"{name}: ms per step, recent steps", profile))
         console.print(
-            f"  {profile.samples_per_s:,.0f} samples/s, compute {profile.compute_fraction:.0%} "
-            f"of the step; findings: {len(profile.findings)}"
+            f"  {profile.samples_per_s:,.0f} samples/s, forward and backward "
+            f"{profile.compute_fraction:.0%} of the step"
         )
-        summary.pictures += _pictures(profile, out / trained_job)
+        for finding in profile.findings:
+            console.print(f"  [dim]{finding.state}:[/] {escape(finding.summary)}")
+        summary.pictures += _pictures(profile, out / name)
         with step(f"{DEVELOPER} submitted {JOB}: 2 workers, rank 1's loader slowed on purpose"):
             job = scheduler.submit(slow_loader_yaml()).job
         with step("the profiler named the straggler"):

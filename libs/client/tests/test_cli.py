@@ -160,6 +160,10 @@ def test_cli_runner_reports_errors_without_a_traceback(tmp_path: Path) -> None:
 def test_service_account_names_are_checked(tmp_path: Path, gantry: Gantry) -> None:
     gantry("admin", "init", "--data-dir", tmp_path)
     assert gantry("admin", "service-account", "create", "audit", "--data-dir", tmp_path).code == 2
+    assert (
+        gantry("admin", "service-account", "create", "training-agent", "--data-dir", tmp_path).code
+        == 2
+    )
     bad = gantry("admin", "service-account", "create", "../x", "--data-dir", tmp_path)
     assert bad.code == 2 and "invalid service account name" in bad.err
     ok = gantry("admin", "service-account", "create", "etl", "--data-dir", tmp_path)
@@ -376,7 +380,10 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "the profiler named the straggler" in out
     assert "verdict: rank 1 on" in out and "Cause: its data loader is slow." in out
     assert "slow-loader: straggler found" in out and "rank 1 (data, slow_data_loading)" in out
-    pictures = sorted(p.name for p in (tmp_path / "demo" / "profiles").iterdir())
+    assert "deep trace of 5 steps of slow-loader recorded and downloaded" in out
+    traces = sorted(p.name for p in (tmp_path / "demo" / "profiles" / "traces").iterdir())
+    assert traces == ["rank0.json.gz", "rank1.json.gz"]
+    pictures = sorted(p.name for p in (tmp_path / "demo" / "profiles").iterdir() if p.is_file())
     assert pictures == [
         "churn-model.html", "churn-model.png", "nodes.png", "slow-loader.html", "slow-loader.png"
     ]  # fmt: skip

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gantry.events.catalog import GpuUsage, JobScheduled, NodeHeartbeat, WorkerPlacement
+from gantry.events.catalog import (
+    GpuDevice,
+    GpuUsage,
+    JobScheduled,
+    NodeHeartbeat,
+    NodeRegistered,
+    WorkerPlacement,
+)
 from gantry.profiler import store
 from gantry.profiler.nodes import NodeHealthConfig, NodeTracker
 from gantry.profiler.profiles import Profiles, UnknownJob
@@ -232,3 +239,51 @@ def test_a_trace_nobody_answers_expires(tmp_path: Path) -> None:
     assert traces.get(trace.trace_id).state == "expired"
     with pytest.raises(MetricRejected.__mro__[1]):  # InvalidInput: no such rank
         traces.request("j", 5, [7], "ann")
+
+
+def test_a_gang_waiting_for_data_or_for_the_network_is_told_so() -> None:
+    gang = GangAnalyzer("j", 1, {0: "n0", 1: "n1"})
+    changes = []
+    for first in range(1, 61, 10):  # everyone waits ~60% of the step for data
+        changes += gang.add(w(0, first, first + 9, data=12.0))
+        changes += gang.add(w(1, first, first + 9, data=12.5))
+    kinds = {c.finding.kind: c.finding for c in changes if c.state == "raised"}
+    assert set(kinds) == {"input_bound"}
+    assert kinds["input_bound"].rank is None and "num_workers" in kinds["input_bound"].summary
+    comm = GangAnalyzer("k", 1, {0: "n0", 1: "n1"})
+    changes = []
+    for first in range(1, 61, 10):  # everyone waits on the all-reduce, nobody is slow
+        changes += comm.add(w(0, first, first + 9, comm=15.0))
+        changes += comm.add(w(1, first, first + 9, comm=15.5))
+    assert [c.finding.kind for c in changes] == ["comm_bound"]
+    assert changes[0].finding.evidence["share"] > 0.5
+
+
+def test_utilisation_sets_allocation_against_use() -> None:
+    import dataclasses
+
+    profiles = Profiles()
+    gpus = [GpuDevice(index=i, model="A100") for i in range(4)]
+    profiles.registered(NodeRegistered(node="g1", cpu_milli=16_000, memory_mib=1, gpus=gpus))
+    profiles.scheduled(
+        JobScheduled(
+            job_id="j",
+            placements=[
+                WorkerPlacement(worker=0, node="g1", gpus=[(0, 1000), (1, 1000)], cpu_milli=4000),
+                WorkerPlacement(worker=1, node="g1", gpus=[(2, 500)], cpu_milli=2000),
+            ],
+        ),
+        0,
+    )
+    assert profiles.allocation("g1") == (2.5, 6.0)
+    for seq, util in enumerate((0.2, 0.4)):
+        gpus = [GpuUsage(index=i, util=util if i < 3 else 0.0) for i in range(4)]
+        profiles.heartbeat(
+            NodeHeartbeat(node="g1", seq=seq, gpu_util=util, cpu_util=0.5, gpus=gpus),
+            1000 * (seq + 1),
+        )
+    state = profiles.tracker.nodes["g1"]
+    assert state.utilisation(2000, 300) == (0.5, pytest.approx(0.3))
+    profiles.job_state("j", 1, "succeeded", 3000)
+    assert profiles.allocation("g1") == (0.0, 0.0)  # ended: nothing placed any more
+    assert dataclasses.asdict(profiles.tracker.config)["utilisation_window_s"] == 300

@@ -278,6 +278,16 @@ async def test_traces_are_requested_uploaded_encrypted_and_downloaded(
 
     await profiler.schedule("job-t", ["n0", "n1"], owner="ann")
     await asyncio.sleep(0.3)
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # even with no trace yet: not bo's job
+        await profiler.stub.ListTraces(
+            pb.ListTracesRequest(job_id="job-t"), metadata=profiler.md("bo")
+        )
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "read traces of" in (err.value.details() or "")
+    listed = await profiler.stub.ListTraces(
+        pb.ListTracesRequest(job_id="job-t"), metadata=profiler.md("ann")
+    )
+    assert list(listed.traces) == []
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await profiler.stub.StartTrace(
             pb.StartTraceRequest(job_id="job-t", steps=5), metadata=profiler.md("bo")

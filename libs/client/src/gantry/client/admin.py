@@ -28,7 +28,18 @@ from gantry.security.keyring import Keyring
 
 SERVICE_ROLE = "service"
 #: Names of Gantry's own services: an outside service account may not take their keys.
-RESERVED_ACCOUNTS = frozenset({"audit", "gantry", "supervisor"})
+RESERVED_ACCOUNTS = frozenset(
+    {
+        "audit",
+        "gantry",
+        "supervisor",
+        "governance",
+        "scheduler",
+        "serving",
+        "profiler",
+        "training-agent",
+    }
+)
 _ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
 

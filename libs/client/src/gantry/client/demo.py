@@ -371,6 +371,7 @@ def _summary_table(summary: Summary) -> Table:
             "slow-loader: straggler found",
             f"rank {f.rank} ({f.phase}, {f.cause}), {pr.detection_steps} steps after the slowdown",
         )
+        table.add_row("deep trace (torch.profiler, 5 steps)", f"{pr.trace_events:,} events")
         table.add_row("profile plots", f"{len(pr.pictures)} under {pr.pictures[0].parent}")
     table.add_row("events emitted by feature-store (signed)", f"{summary.emitted:,}")
     table.add_row("events in the audit log", f"{summary.in_log:,}")

@@ -6,7 +6,9 @@
 2. ``dev-engineer`` submits ``slow-loader``: the ``sequences`` example on 2 workers, whose rank 1
    data loader is deliberately slowed (1.5 ms per sample) after 40 steps. The profiler names
    rank 1 as the straggler, in the data phase, with the cause and the evidence; the demo prints
-   the verdict, how many steps after the slowdown it came, and writes the plot.
+   the verdict, how many steps after the slowdown it came, and writes the plot. Then it asks
+   for a deep trace (``torch.profiler``) of 5 steps of every rank: the agents pass the request
+   to the workers and upload what they record; the demo downloads both files and reads them.
 3. The nodes: health, utilisation and what is allocated against what is used.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gzip
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +37,8 @@ from gantry.core import Unavailable
 
 JOB = "slow-loader"
 SLOW_FROM = 40
-STEPS = 400
+STEPS = 1000
+TRACE_STEPS = 5
 WAIT_S = 180.0
 
 
@@ -44,6 +49,7 @@ class ProfilerSummary:
     training_profile: JobProfileInfo | None = None
     verdict: FindingInfo | None = None
     detection_steps: int = 0
+    trace_events: int = 0
     pictures: list[Path] = field(default_factory=list)
     nodes: int = 0
 
@@ -133,6 +139,12 @@ def profiler_story(
             f"{SLOW_FROM}); the profiler published gantry.job.profile.finding for the audit"
         )
         summary.pictures += _pictures(slow, out / JOB)
+        with step(f"deep trace of {TRACE_STEPS} steps of {JOB} recorded and downloaded"):
+            summary.trace_events = _deep_trace(profiler, job.id, out / "traces")
+        console.print(
+            f"  {summary.trace_events:,} torch.profiler events from both ranks, stored encrypted; "
+            f"open {out / 'traces'}/rank*.json.gz in https://ui.perfetto.dev"
+        )
         with contextlib.suppress(Exception):
             scheduler.cancel(job.id, "the demo has seen what it wanted")
         with step("node health and utilisation read"):
@@ -155,6 +167,30 @@ def profiler_story(
     for path in summary.pictures:
         console.print(f"  wrote {path}")
     return summary
+
+
+def _deep_trace(profiler: ProfilerClient, job: str, out: Path) -> int:
+    """Ask for a trace of every rank, wait for it, download and read it; events recorded."""
+    trace = profiler.start_trace(job, steps=TRACE_STEPS)
+    deadline = time.monotonic() + WAIT_S
+    while not trace.done:
+        if time.monotonic() > deadline:
+            raise Unavailable(f"trace {trace.trace_id} was not ready after {WAIT_S:.0f}s")
+        time.sleep(0.5)
+        trace = profiler.trace(trace.trace_id)
+    if trace.state != "ready":
+        reasons = "; ".join(f"rank {f.rank}: {f.reason}" for f in trace.files if f.reason)
+        raise Unavailable(f"trace {trace.trace_id} is {trace.state}: {reasons or 'no files'}")
+    events = 0
+    for f in trace.ready_files:
+        path = profiler.download_trace(
+            trace.trace_id, f.rank, out / f"rank{f.rank}.json.gz", sha256=f.sha256
+        )
+        document = json.loads(gzip.decompress(path.read_bytes()))
+        events += len(document.get("traceEvents", []))
+    if not events:
+        raise Unavailable(f"trace {trace.trace_id} holds no events")
+    return events
 
 
 def _pictures(profile: JobProfileInfo, stem: Path) -> list[Path]:

@@ -204,8 +204,15 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
         self.authorizer = authorizer
         self.sink = sink
 
-    def _may_touch_job(self, principal: Principal, job_id: str, owner: str, method: str) -> None:
-        """The job's owner, or a principal allowed ``update job``."""
+    def _may_touch_job(
+        self,
+        principal: Principal,
+        job_id: str,
+        owner: str,
+        method: str,
+        doing: str = "trace",
+    ) -> None:
+        """The job's owner, or a principal allowed ``update job``; ``doing`` says what for."""
         if principal.subject == owner:
             return
         decision = self.authorizer.decide(principal.subject, principal.roles, "update", "job")
@@ -226,10 +233,10 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
         if not decision.allowed:
             raise PermissionDenied(
                 principal.subject,
-                "trace",
+                doing,
                 f"job {job_id}",
                 reason=f"the job belongs to {owner}; only its owner or a principal allowed "
-                "'update job' (platform admins) may trace it",
+                f"'update job' (platform admins) may {doing} it",
             )
 
     @rpc_errors
@@ -288,7 +295,8 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
     async def GetTrace(self, request: pb.GetTraceRequest, context: Any) -> pb.Trace:
         """A trace and its files (the job's owner, or a principal allowed ``update job``)."""
         view = await asyncio.to_thread(self.traces.get, request.trace_id)
-        self._may_touch_job(current_principal(), view.job_id, view.owner, "GetTrace")
+        principal = current_principal()
+        self._may_touch_job(principal, view.job_id, view.owner, "GetTrace", "read traces of")
         return trace_pb(view)
 
     @rpc_errors
@@ -296,10 +304,10 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
         self, request: pb.ListTracesRequest, context: Any
     ) -> pb.ListTracesResponse:
         """A job's traces (its owner, or a principal allowed ``update job``)."""
-        views = await asyncio.to_thread(self.traces.list, request.job_id)
+        job_id, owner = await asyncio.to_thread(self.traces.owner, request.job_id)
         principal = current_principal()
-        for view in views[:1]:
-            self._may_touch_job(principal, view.job_id, view.owner, "ListTraces")
+        self._may_touch_job(principal, job_id, owner, "ListTraces", "read traces of")
+        views = await asyncio.to_thread(self.traces.list, job_id)
         return pb.ListTracesResponse(traces=[trace_pb(v) for v in views])
 
     @stream_rpc_errors
@@ -309,7 +317,10 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
         """One rank's trace file (gzipped Chrome trace JSON), in pieces; for the job's owner or
         a principal allowed ``update job`` (a trace shows the job's code and data shapes)."""
         view = await asyncio.to_thread(self.traces.get, request.trace_id)
-        self._may_touch_job(current_principal(), view.job_id, view.owner, "DownloadTrace")
+        principal = current_principal()
+        self._may_touch_job(
+            principal, view.job_id, view.owner, "DownloadTrace", "download traces of"
+        )
         pieces: Iterator[bytes] = await asyncio.to_thread(
             self.traces.open, request.trace_id, request.rank
         )

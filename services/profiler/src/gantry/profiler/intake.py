@@ -153,7 +153,10 @@ class Intake:
             elif event.type == "gantry.job.state":
                 _check_source(delivery, (SCHEDULER_SOURCE,))
                 s = JobStateChanged.model_validate(event.data)
-                await asyncio.to_thread(self.recorder.job_state, s.job_id, s.attempt, s.state)
+                applied = await asyncio.to_thread(
+                    self.recorder.job_state, s.job_id, s.attempt, s.state
+                )
+                self.count(applied)
 
     async def nodes(self, batch: Sequence[Delivery]) -> None:
         for delivery in batch:

@@ -4,7 +4,8 @@ A node becomes **degraded** — the scheduler then places no new gang on it — 
 
 - it was the slow one (a ``slow_compute`` straggler ran there) in ``slow_jobs`` different jobs
   within ``slow_window_s``: one slow job may be the job's fault, several are the node's; or
-- one of its GPUs reported throttling (thermal, power cap, hardware slowdown) in
+- one of its GPUs reported throttling (a thermal or hardware slowdown; running at its power
+  cap under load is not throttling) in
   ``throttle_heartbeats`` heartbeats in a row.
 
 It **recovers** when a throttled node has sent ``recover_heartbeats`` clean heartbeats in a
@@ -138,7 +139,7 @@ class NodeTracker:
                 True,
                 "throttled",
                 f"GPU {', '.join(map(str, throttled))} throttled in {state.throttled_run} "
-                "heartbeats in a row (thermal, power cap or hardware slowdown)",
+                "heartbeats in a row (thermal or hardware slowdown)",
                 {
                     "throttled_gpus": throttled,
                     "heartbeats": state.throttled_run,

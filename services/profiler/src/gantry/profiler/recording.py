@@ -153,14 +153,15 @@ class Recorder:
                 )
             )
 
-    def job_state(self, job_id: str, attempt: int, state: str) -> None:
+    def job_state(self, job_id: str, attempt: int, state: str) -> Applied:
         """A job changed state: an ended attempt's standing findings are cleared (with their
         events: the audit sees each finding end)."""
         now = self.clock()
+        applied = Applied()
         with self.lock, self.engine.begin() as conn:
             record = self.profiles.job_state(job_id, attempt, state, now)
             if record is None:
-                return
+                return applied
             conn.execute(
                 store.jobs.update()
                 .where(store.jobs.c.job_id == job_id, store.jobs.c.attempt == record.attempt)
@@ -172,8 +173,10 @@ class Recorder:
                 finding.step = record.last_step
                 finding.summary = f"the job ended ({state}): {finding.summary}"
                 self._finding(conn, record, "cleared", finding, now)
+                applied.findings.append((job_id, "cleared", finding))
         if standing:
             self.on_change()
+        return applied
 
     def windows(self, batch: Sequence[Window]) -> Applied:
         """Analyse and store windows (checked against the job beforehand: :meth:`admit`).

@@ -113,9 +113,10 @@ class ProfilerOptions(BaseModel):
         default=500, ge=1, description="Ended jobs kept in memory (all stay in the database)."
     )
     trace_expire_s: float = Field(
-        default=900.0,
+        default=660.0,
         gt=0,
-        description="A trace whose ranks never all answered is reported expired after this.",
+        description="A trace whose ranks never all answered is reported expired after this "
+        "(the agents give up on a rank after 600 s by default).",
     )
     max_trace_bytes: int = Field(
         default=512 * 1024 * 1024, ge=1024, description="Largest trace file accepted (512 MiB)."

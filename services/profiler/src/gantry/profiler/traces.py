@@ -74,7 +74,7 @@ class Traces:
     """Trace requests, uploads and downloads."""
 
     def __init__(
-        self, recorder: Recorder, objects: ObjectStore, *, max_bytes: int, expire_s: float = 900.0
+        self, recorder: Recorder, objects: ObjectStore, *, max_bytes: int, expire_s: float = 660.0
     ) -> None:
         self.recorder = recorder
         self.objects = objects
@@ -144,6 +144,18 @@ class Traces:
             if row is None:
                 raise NotFound("trace", trace_id, hint="`gantry profile traces JOB` lists them")
             return self._view(conn, row)
+
+    def owner(self, job: str) -> tuple[str, str]:
+        """(job id, owner) of a job given by id or name."""
+        job_id = resolve_job(self.recorder, job)
+        with self.recorder.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(store.jobs.c.owner)
+                .where(store.jobs.c.job_id == job_id)
+                .order_by(store.jobs.c.attempt.desc())
+                .limit(1)
+            ).first()
+        return job_id, row.owner if row is not None else ""
 
     def list(self, job: str) -> list[TraceView]:
         job_id = resolve_job(self.recorder, job)

@@ -379,8 +379,14 @@ def profile_trace(
         bool, typer.Option("--wait/--no-wait", help="Wait for the files and download them.")
     ] = True,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Give up waiting after this many seconds.")
-    ] = 600.0,
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="Give up waiting after this many seconds (the profiler reports a trace "
+            "nobody answers as expired after 660 s).",
+        ),
+    ] = 720.0,
     out: Annotated[
         Path | None,
         typer.Option(

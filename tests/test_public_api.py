@@ -24,7 +24,7 @@ PUBLIC = {
         "EventTooLarge", "EventVerifier", "HandlerError", "Inbox", "Outbox", "OutboxRelay",
         "PermanentError", "Publisher", "SIGNATURE_HEADER", "STREAMS", "SignaturePool", "StreamDef",
         "TemporaryError", "canonical_json", "catalog", "inbox_table", "is_temporary", "lookup",
-        "outbox_table", "register", "stream_for_type", "validate_event",
+        "outbox_table", "register", "require_source", "stream_for_type", "validate_event",
     ],
     "gantry.security": [
         "ANONYMOUS", "AuthInterceptor", "Authorizer", "Decision", "DecisionSink",

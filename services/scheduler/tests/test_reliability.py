@@ -26,13 +26,12 @@ from gantry.scheduler.settings import SchedulerOptions, SchedulerSettings
 from gantry.scheduler.store import connect, migrate
 from gantry.security import TokenIssuer
 from gantry.security.keyring import Keyring
+from gantry.testing.events import EventTap, dead_letter_reasons
 
 from .conftest import (
     AGENT,
     Agents,
-    EventTap,
     Running,
-    dead_letter_reasons,
     incarnation,
     job_yaml,
     running,

@@ -10,8 +10,9 @@ import pytest
 
 from gantry.events.catalog import DatasetCreated, JobLogLines, NodeHealth
 from gantry.protos.v1 import scheduler_pb2 as pb
+from gantry.testing.events import EventTap
 
-from .conftest import EventTap, Running, job_yaml
+from .conftest import Running, job_yaml
 
 
 async def test_a_job_goes_pending_scheduled_running_succeeded_with_events_and_usage(

@@ -24,8 +24,9 @@ from gantry.scheduler.control import Control
 from gantry.scheduler.progress import SAVE_INTERVAL_MS
 from gantry.scheduler.rendezvous import PORT_BASE, PORT_RANGE, master_port
 from gantry.scheduler.settings import SchedulerOptions
+from gantry.testing.events import EventTap, dead_letter_reasons
 
-from .conftest import AGENT, EventTap, Running, dead_letter_reasons, job_yaml
+from .conftest import AGENT, Running, job_yaml
 
 
 async def _register(r: Running, *nodes: str, gpus: int, **kw: str) -> None:

@@ -8,11 +8,11 @@ last message does not carry ``last=true``, so a stream that fails half-way must 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from gantry.client.errors import from_rpc_error
+from gantry.client._rpc import RpcClient
 from gantry.core import GantryError, InvalidInput
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 
@@ -30,7 +30,7 @@ class _Framed(Protocol):
 M = TypeVar("M", bound=_Framed)
 
 
-class GovernanceConnection:
+class GovernanceConnection(RpcClient):
     """A synchronous channel to the governance service, authenticated with a bearer token.
 
     ``timeout_s`` bounds each request/response call; ``stream_timeout_s`` bounds a whole
@@ -47,29 +47,17 @@ class GovernanceConnection:
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = 3600.0,
     ) -> None:
-        self.address = address
-        self._channel = grpc.insecure_channel(
+        super().__init__(
             address,
+            token,
+            timeout_s=timeout_s,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
         )
         self._stub = pb_grpc.GovernanceServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),)
-        self._timeout = timeout_s
         self._stream_timeout = stream_timeout_s
-
-    def _error(self, exc: grpc.RpcError) -> GantryError:
-        return from_rpc_error(exc, service=self.service, address=self.address)
-
-    def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=self._metadata, timeout=self._timeout
-            )
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
 
     def _send_stream(self, method: str, messages: Iterable[M]) -> Any:
         """Send ``messages`` as one client stream, the last marked ``last=true``; the reply.
@@ -102,16 +90,6 @@ class GovernanceConnection:
             raise self._error(exc) from None
         finally:
             call.cancel()
-
-    def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _Feed:

@@ -27,13 +27,11 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-import grpc
-
-from gantry.client.errors import from_rpc_error
+from gantry.client._rpc import RpcClient
 from gantry.client.scheduler import ServerStream
-from gantry.core import GantryError, IntegrityError, InvalidInput
+from gantry.core import IntegrityError, InvalidInput
 from gantry.protos.v1 import profiler_pb2 as pb
 from gantry.protos.v1 import profiler_pb2_grpc as pb_grpc
 
@@ -427,7 +425,7 @@ class TraceInfo:
         return tuple(f for f in self.files if f.state == "ready")
 
 
-class ProfilerClient:
+class ProfilerClient(RpcClient):
     """A synchronous client of the profiler service, authenticated with a bearer token.
 
     ``timeout_s`` bounds each request/response call; ``download_timeout_s`` bounds a whole
@@ -444,11 +442,8 @@ class ProfilerClient:
         timeout_s: float = 30.0,
         download_timeout_s: float = 600.0,
     ) -> None:
-        self.address = address
-        self._channel = grpc.insecure_channel(address)
+        super().__init__(address, bearer, timeout_s=timeout_s)
         self._stub = pb_grpc.ProfilerServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {bearer}"),) if bearer else ()
-        self._timeout = timeout_s
         self._download_timeout = download_timeout_s
 
     # ------------------------------------------------------------------ jobs
@@ -544,29 +539,6 @@ class ProfilerClient:
         finally:
             part.unlink(missing_ok=True)
         return dest
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _error(self, exc: grpc.RpcError) -> GantryError:
-        return from_rpc_error(exc, service=self.service, address=self.address)
-
-    def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=self._metadata, timeout=self._timeout
-            )
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-
-    def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _chunk_data(chunk: pb.Chunk) -> bytes:

@@ -26,6 +26,7 @@ from typing import Any, Self, TypeVar
 
 import grpc
 
+from gantry.client._rpc import RpcClient
 from gantry.client._sched_records import (
     JOB_STATES,
     TERMINAL_STATES,
@@ -41,7 +42,6 @@ from gantry.client._sched_records import (
     UsageRow,
     WorkerPlacement,
 )
-from gantry.client.errors import from_rpc_error
 from gantry.core import GantryError, InvalidInput
 from gantry.protos.v1 import scheduler_pb2 as pb
 from gantry.protos.v1 import scheduler_pb2_grpc as pb_grpc
@@ -100,7 +100,7 @@ class ServerStream(Iterator[T]):
         self.cancel()
 
 
-class SchedulerClient:
+class SchedulerClient(RpcClient):
     """A synchronous client of the scheduler service, authenticated with a bearer token.
 
     ``timeout_s`` bounds each request/response call; ``stream_timeout_s`` bounds a whole
@@ -117,11 +117,8 @@ class SchedulerClient:
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = None,
     ) -> None:
-        self.address = address
-        self._channel = grpc.insecure_channel(address)
+        super().__init__(address, token, timeout_s=timeout_s)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),)
-        self._timeout = timeout_s
         self._stream_timeout = stream_timeout_s
 
     # ------------------------------------------------------------------ jobs
@@ -247,32 +244,11 @@ class SchedulerClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _error(self, exc: grpc.RpcError) -> GantryError:
-        return from_rpc_error(exc, service=self.service, address=self.address)
-
-    def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=self._metadata, timeout=self._timeout
-            )
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-
     def _stream(self, method: str, request: Any, convert: Callable[[Any], T]) -> ServerStream[T]:
         call = getattr(self._stub, method)(
             request, metadata=self._metadata, timeout=self._stream_timeout
         )
         return ServerStream(call, convert, self._error)
-
-    def close(self) -> None:
-        """Close the channel (streams still open end with it)."""
-        self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _needed(value: str, what: str = "a job id or name") -> str:

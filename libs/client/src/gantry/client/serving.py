@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 import grpc
 import numpy as np
 
-from gantry.client.errors import from_rpc_error
-from gantry.core import GantryError, InvalidInput
+from gantry.client._rpc import RpcClient
+from gantry.core import InvalidInput
 from gantry.protos.inference import grpc_service_pb2 as ipb
 from gantry.protos.inference import grpc_service_pb2_grpc as ipb_grpc
 from gantry.protos.v1 import serving_pb2 as pb
@@ -167,15 +167,16 @@ class DeploymentInfo:
         return {v.version: v.weight for v in self.versions if v.role != "shadow"}
 
 
-class ServingClient:
+class ServingClient(RpcClient):
     """A synchronous client of the serving service, authenticated with a bearer token."""
 
     service = "serving"
 
     def __init__(self, address: str, token: str | None, *, timeout_s: float = 120.0) -> None:
-        self.address = address
-        self._channel = grpc.insecure_channel(
+        super().__init__(
             address,
+            token,
+            timeout_s=timeout_s,
             options=[
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
@@ -183,29 +184,6 @@ class ServingClient:
         )
         self._stub = pb_grpc.ServingServiceStub(self._channel)
         self._infer = ipb_grpc.GRPCInferenceServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._timeout = timeout_s
-
-    def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _call(self, method: str, request: Any, stub: Any = None) -> Any:
-        try:
-            return getattr(stub or self._stub, method)(
-                request, metadata=self._metadata, timeout=self._timeout
-            )
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-
-    def _error(self, exc: grpc.RpcError) -> GantryError:
-        return from_rpc_error(exc, service=self.service, address=self.address)
 
     # -- management --------------------------------------------------------------------------
 

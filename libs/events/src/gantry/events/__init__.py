@@ -20,6 +20,7 @@ from gantry.events.consumer import (
     ConsumerRunner,
     ConsumerSpec,
     Delivery,
+    require_source,
 )
 from gantry.events.emitter import Emitter
 from gantry.events.envelope import EventEnvelope, canonical_json
@@ -83,6 +84,7 @@ __all__ = [
     "lookup",
     "outbox_table",
     "register",
+    "require_source",
     "stream_for_type",
     "validate_event",
 ]

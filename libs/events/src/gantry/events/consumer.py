@@ -347,4 +347,22 @@ class ConsumerRunner:
         )
 
 
-__all__ = ["DEAD_REASON_HEADER", "BatchHandler", "ConsumerRunner", "ConsumerSpec", "Delivery"]
+def require_source(delivery: Delivery, sources: tuple[str, ...], *, consumer: str) -> None:
+    """Refuse (dead-letter) an event unless it comes from one of ``sources`` and is signed by
+    a platform service key: only the owner of an event type may send it."""
+    event = delivery.event
+    if event.source not in sources or not (delivery.signer or "").startswith(PLATFORM_KID_PREFIX):
+        raise PermanentError(
+            f"{event.type} from {event.source!r} signed by {delivery.signer!r} is refused: "
+            f"the {consumer} takes it only from {', '.join(sources)} signed by a service key"
+        )
+
+
+__all__ = [
+    "DEAD_REASON_HEADER",
+    "BatchHandler",
+    "ConsumerRunner",
+    "ConsumerSpec",
+    "Delivery",
+    "require_source",
+]

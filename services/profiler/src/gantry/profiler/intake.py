@@ -25,6 +25,7 @@ from gantry.events import (
     PermanentError,
     Publisher,
     TemporaryError,
+    require_source,
 )
 from gantry.events.catalog import (
     JobScheduled,
@@ -44,12 +45,7 @@ UNKNOWN_JOB_RETRIES = 4
 
 
 def _check_source(delivery: Delivery, sources: tuple[str, ...]) -> None:
-    event = delivery.event
-    if event.source not in sources or not (delivery.signer or "").startswith("svc-"):
-        raise PermanentError(
-            f"{event.type} from {event.source!r} signed by {delivery.signer!r} is refused: "
-            f"the profiler takes it only from {', '.join(sources)} signed by a service key"
-        )
+    require_source(delivery, sources, consumer="profiler")
 
 
 class Intake:

@@ -27,8 +27,8 @@ from gantry.events import (
     ConsumerSpec,
     Delivery,
     EventVerifier,
-    PermanentError,
     Publisher,
+    require_source,
 )
 from gantry.events.catalog import (
     DatasetCreated,
@@ -67,12 +67,7 @@ ROUTES = (
 
 
 def _check_source(delivery: Delivery, sources: tuple[str, ...]) -> None:
-    event = delivery.event
-    if event.source not in sources or not (delivery.signer or "").startswith("svc-"):
-        raise PermanentError(
-            f"{event.type} from {event.source!r} signed by {delivery.signer!r} is refused: "
-            f"the scheduler takes it only from {', '.join(sources)} signed by a service key"
-        )
+    require_source(delivery, sources, consumer="scheduler")
 
 
 class SchedulerEvents:

@@ -22,7 +22,6 @@ from typing import Any
 import grpc
 import nats
 import pytest
-from structlog.testing import capture_logs
 
 from gantry.core import NatsSettings, new_id
 from gantry.events import Bus, EventEnvelope, Publisher
@@ -252,37 +251,32 @@ async def test_an_upload_failing_every_time_is_logged_and_its_files_removed(
 ) -> None:
     setup.fake.failures = [grpc.StatusCode.UNAVAILABLE] * 10
     finished(setup.directory, "tr-1", 0, b"payload")
-    with capture_logs() as logs:
-        await setup.relay.relay(asked(), setup.directory, [0], always(True))
+    await setup.relay.relay(asked(), setup.directory, [0], always(True))
     assert setup.fake.calls == 3  # the first try and two retries
     assert setup.fake.uploads == []
-    retried = [e for e in logs if e["event"] == "trace upload failed; retrying"]
-    failed = [e for e in logs if e["event"] == "trace upload failed"]
-    assert len(retried) == 2
-    assert [(e["log_level"], e["rank"], e["tries"]) for e in failed] == [("error", 0, 3)]
-    assert "UNAVAILABLE: profiler says no" in failed[0]["error"]
+    assert setup.relay.retries == 2
+    [(trace_id, rank, tries, error)] = setup.relay.failures
+    assert (trace_id, rank, tries) == ("tr-1", 0, 3)
+    assert "UNAVAILABLE: profiler says no" in error
     assert list(setup.directory.iterdir()) == []
 
 
 async def test_a_refused_upload_is_not_retried(setup: Setup) -> None:
     setup.fake.failures = [grpc.StatusCode.PERMISSION_DENIED]
     finished(setup.directory, "tr-1", 0, b"payload")
-    with capture_logs() as logs:
-        await setup.relay.relay(asked(), setup.directory, [0], always(True))
+    await setup.relay.relay(asked(), setup.directory, [0], always(True))
     assert setup.fake.calls == 1
-    assert [e["error"] for e in logs if e["event"] == "trace upload failed"] == [
-        "PERMISSION_DENIED: profiler says no"
-    ]
+    assert [f[3] for f in setup.relay.failures] == ["PERMISSION_DENIED: profiler says no"]
+    assert setup.relay.retries == 0
 
 
 async def test_no_profiler_address_is_logged_not_raised(tmp_path: Path, setup: Setup) -> None:
     settings = AgentSettings(data_dir=tmp_path / "elsewhere")
     relay = TraceRelay(ProfilerLink(settings, setup.governance.token), NODE, retry_delays_s=(0.01,))
     finished(setup.directory, "tr-1", 0, b"payload")
-    with capture_logs() as logs:
-        await relay.relay(asked(), setup.directory, [0], always(True))
-    [failed] = [e for e in logs if e["event"] == "trace upload failed"]
-    assert "GANTRY_AGENT__PROFILER_ADDR" in failed["error"]
+    await relay.relay(asked(), setup.directory, [0], always(True))
+    [(_, _, _, error)] = relay.failures
+    assert "GANTRY_AGENT__PROFILER_ADDR" in error
     assert setup.fake.calls == 0
 
 

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import grpc
 
@@ -195,6 +195,17 @@ class TraceRelay:
         self.poll_s = poll_s
         self.retry_delays_s = tuple(retry_delays_s)
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self.retries = 0
+        """Uploads tried again after a transient failure, so far."""
+        self.failures: list[tuple[str, int, int, str]] = []
+        """(trace id, rank, tries, error) of each upload given up, the last 100."""
+
+    def _gave_up(
+        self, log: Any, request: TraceRequested, rank: int, tries: int, error: str
+    ) -> bool:
+        log.error("trace upload failed", error=error, tries=tries)
+        self.failures = [*self.failures[-99:], (request.trace_id, rank, tries, error)]
+        return False
 
     def claim(self, trace_id: str) -> bool:
         """Whether ``trace_id`` is new here (a redelivered request is relayed once)."""
@@ -297,17 +308,14 @@ class TraceRelay:
                 except grpc.aio.AioRpcError as exc:
                     error = f"{exc.code().name}: {exc.details()}"
                     if exc.code() not in _RETRYABLE or delay is None:
-                        log.error("trace upload failed", error=error, tries=retry + 1)
-                        return False
+                        return self._gave_up(log, request, outcome.rank, retry + 1, error)
                 except Unavailable as exc:  # no address yet: the profiler is (re)starting
                     error = exc.message
                     if delay is None:
-                        log.error("trace upload failed", error=error, tries=retry + 1)
-                        return False
+                        return self._gave_up(log, request, outcome.rank, retry + 1, error)
                 except Exception as exc:  # no token, an unreadable file...: not worth retrying
                     error = exc.message if isinstance(exc, GantryError) else repr(exc)
-                    log.error("trace upload failed", error=error, tries=retry + 1)
-                    return False
+                    return self._gave_up(log, request, outcome.rank, retry + 1, error)
                 else:
                     log.info(
                         "trace uploaded",
@@ -317,6 +325,7 @@ class TraceRelay:
                     )
                     return True
                 log.warning("trace upload failed; retrying", error=error, retry_in_s=delay)
+                self.retries += 1
                 await asyncio.sleep(delay)
             return False  # not reached: the last try returns
         finally:  # uploaded or given up: the files are not kept (traces are large)

@@ -30,6 +30,7 @@ def test_defines_the_built_in_roles() -> None:
             "model-consumer",
             "auditor",
             "service",
+            "orchestrator",
         }
     )
     assert default_policy() is default_policy()  # loaded once
@@ -128,3 +129,18 @@ def test_a_model_consumer_may_only_call_models() -> None:
     assert not authz.decide("app", ["model-consumer"], "read", "dataset", {"view": "raw"}).allowed
     assert _allowed(authz, "ml-developer", "infer", "model")
     assert not authz.decide("eve", ["auditor"], "infer", "model").allowed
+
+
+def test_only_the_workflows_service_may_impersonate(authz: Authorizer) -> None:
+    assert default_policy().bindings == {"workflows": ("orchestrator",)}
+    allowed = authz.decide("workflows", ["service"], "impersonate", "principal")
+    assert (allowed.allowed, allowed.reason) == (True, "allowed by role orchestrator")
+    for role in ("service", "ml-developer", "data-steward", "auditor", "model-consumer"):
+        assert not _allowed(authz, role, "impersonate", "principal")
+
+
+def test_the_orchestrator_may_do_nothing_but_impersonate(authz: Authorizer) -> None:
+    assert default_policy().description("orchestrator").startswith("Runs pipelines")
+    for action, kind in [("create", "job"), ("deploy", "model"), ("read", "dataset"),
+                         ("update", "queue"), ("query", "audit_log")]:  # fmt: skip
+        assert not _allowed(authz, "orchestrator", action, kind, {"view": "deidentified"})

@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from gantry.client._rpc import RpcClient
+from gantry.client._rpc import ActAs, RpcClient
 from gantry.core import GantryError, InvalidInput
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 
@@ -46,6 +46,7 @@ class GovernanceConnection(RpcClient):
         *,
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = 3600.0,
+        act_as: ActAs | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -55,6 +56,7 @@ class GovernanceConnection(RpcClient):
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
+            act_as=act_as,
         )
         self._stub = pb_grpc.GovernanceServiceStub(self._channel)
         self._stream_timeout = stream_timeout_s

@@ -8,7 +8,14 @@ from typing import Any, Self
 import grpc
 
 from gantry.client.errors import from_rpc_error
-from gantry.core import GantryError
+from gantry.core import GantryError, InvalidInput
+
+#: The metadata a service sends to act on behalf of a user (the same keys as
+#: ``gantry.security.interceptor.ACT_AS_METADATA`` and ``ACT_AS_ROLES_METADATA``).
+ACT_AS_METADATA = "x-gantry-act-as"
+ACT_AS_ROLES_METADATA = "x-gantry-act-as-roles"
+
+ActAs = tuple[str, Sequence[str]]
 
 
 class RpcClient:
@@ -17,6 +24,10 @@ class RpcClient:
     Subclasses name their ``service`` and make their stub from :attr:`_channel`; ``_call``
     makes a request/response call within ``timeout_s`` and raises Gantry's typed errors
     (:func:`~gantry.client.errors.from_rpc_error`) instead of gRPC's.
+
+    ``act_as=(subject, roles)`` makes every call on behalf of that user, with those roles: only
+    a service token the policy allows to ``impersonate`` (the ``workflows`` service) may do so,
+    and the service then decides each call as it would for the user.
     """
 
     service = ""
@@ -28,12 +39,14 @@ class RpcClient:
         *,
         timeout_s: float,
         options: Sequence[tuple[str, Any]] = (),
+        act_as: ActAs | None = None,
     ) -> None:
+        acting = _act_as_metadata(act_as)  # checked before a channel is opened
         self.address = address
         self._channel = grpc.insecure_channel(address, options=list(options))
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
-        )
+        ) + acting
         self._timeout = timeout_s
         self._stub: Any = None
 
@@ -59,4 +72,28 @@ class RpcClient:
         self.close()
 
 
-__all__ = ["RpcClient"]
+def _act_as_metadata(act_as: ActAs | None) -> tuple[tuple[str, str], ...]:
+    """The two act-as metadata entries for ``(subject, roles)``; none for ``None``."""
+    if act_as is None:
+        return ()
+    subject, roles = act_as
+    if isinstance(roles, str):  # a str is a Sequence[str] too, and would be sent letter by letter
+        raise InvalidInput(
+            f"act_as roles must be a list of role names, got the string {roles!r}",
+            hint=f"pass act_as=({subject!r}, [{roles!r}])",
+        )
+    if not isinstance(subject, str) or not subject.strip() or any(c.isspace() for c in subject):
+        raise InvalidInput(
+            f"act_as names the subject to act as, got {subject!r}",
+            hint="pass act_as=(user, roles), e.g. ('alice', ['ml-developer'])",
+        )
+    bad = [role for role in roles if not role or "," in role or role != role.strip()]
+    if bad:
+        raise InvalidInput(
+            f"act_as roles must be role names without ',' or spaces, got {bad!r}",
+            hint="pass the user's roles as a list, e.g. ['ml-developer', 'annotator']",
+        )
+    return ((ACT_AS_METADATA, subject), (ACT_AS_ROLES_METADATA, ",".join(roles)))
+
+
+__all__ = ["ACT_AS_METADATA", "ACT_AS_ROLES_METADATA", "ActAs", "RpcClient"]

@@ -25,21 +25,12 @@ from gantry.security.bootstrap import (
     write_private_text,
 )
 from gantry.security.keyring import Keyring
+from gantry.security.principal import SERVICE_SUBJECTS
 
 SERVICE_ROLE = "service"
-#: Names of Gantry's own services: an outside service account may not take their keys.
-RESERVED_ACCOUNTS = frozenset(
-    {
-        "audit",
-        "gantry",
-        "supervisor",
-        "governance",
-        "scheduler",
-        "serving",
-        "profiler",
-        "training-agent",
-    }
-)
+#: Names of Gantry's own services (workflows among them): an outside service account may not
+#: take their keys, nor, for workflows, the right to act on behalf of users.
+RESERVED_ACCOUNTS = SERVICE_SUBJECTS
 _ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gantry.client._rpc import RpcClient
+from gantry.client._rpc import ActAs, RpcClient
 from gantry.client.scheduler import ServerStream
 from gantry.core import IntegrityError, InvalidInput
 from gantry.protos.v1 import profiler_pb2 as pb
@@ -441,8 +441,9 @@ class ProfilerClient(RpcClient):
         *,
         timeout_s: float = 30.0,
         download_timeout_s: float = 600.0,
+        act_as: ActAs | None = None,
     ) -> None:
-        super().__init__(address, bearer, timeout_s=timeout_s)
+        super().__init__(address, bearer, timeout_s=timeout_s, act_as=act_as)
         self._stub = pb_grpc.ProfilerServiceStub(self._channel)
         self._download_timeout = download_timeout_s
 

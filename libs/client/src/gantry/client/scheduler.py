@@ -26,7 +26,7 @@ from typing import Any, Self, TypeVar
 
 import grpc
 
-from gantry.client._rpc import RpcClient
+from gantry.client._rpc import ActAs, RpcClient
 from gantry.client._sched_records import (
     JOB_STATES,
     TERMINAL_STATES,
@@ -116,8 +116,9 @@ class SchedulerClient(RpcClient):
         *,
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = None,
+        act_as: ActAs | None = None,
     ) -> None:
-        super().__init__(address, token, timeout_s=timeout_s)
+        super().__init__(address, token, timeout_s=timeout_s, act_as=act_as)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
         self._stream_timeout = stream_timeout_s
 

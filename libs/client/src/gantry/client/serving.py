@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gantry.client._rpc import RpcClient
+from gantry.client._rpc import ActAs, RpcClient
 from gantry.core import InvalidInput
 from gantry.protos.inference import grpc_service_pb2 as ipb
 from gantry.protos.inference import grpc_service_pb2_grpc as ipb_grpc
@@ -172,7 +172,14 @@ class ServingClient(RpcClient):
 
     service = "serving"
 
-    def __init__(self, address: str, token: str | None, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        *,
+        timeout_s: float = 120.0,
+        act_as: ActAs | None = None,
+    ) -> None:
         super().__init__(
             address,
             token,
@@ -181,6 +188,7 @@ class ServingClient(RpcClient):
                 ("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20),
             ],
+            act_as=act_as,
         )
         self._stub = pb_grpc.ServingServiceStub(self._channel)
         self._infer = ipb_grpc.GRPCInferenceServiceStub(self._channel)

@@ -36,6 +36,10 @@ class AuthzDecision(EventData):
     reason: str
     service: str = ""
     method: str = ""
+    via: str = Field(
+        default="",
+        description="the service that made the call on the principal's behalf ('' if none)",
+    )
 
 
 class AuditCheckpoint(EventData):
@@ -228,6 +232,17 @@ class JobStateChanged(EventData):
     previous: str = ""
     reason: str = ""
     attempt: int = Field(default=0, ge=0)
+    model: str = Field(
+        default="", description="on succeeded: the model version registered, as name:version"
+    )
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="on succeeded: the metrics rank 0 wrote (metrics.json), finite floats",
+    )
+    dataset_version: str = Field(
+        default="",
+        description="on succeeded: the dataset version the job committed, as dataset@version",
+    )
 
 
 class JobStopRequested(EventData):
@@ -266,6 +281,16 @@ class JobWorkersReported(EventData):
     )
     model: str = Field(
         default="", description="on success: the model version registered, as name:version"
+    )
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="on success: the metrics rank 0 wrote to $GANTRY_OUTPUT_DIR/metrics.json "
+        "(finite floats only)",
+    )
+    dataset_version: str = Field(
+        default="",
+        description="on success: the dataset version committed for spec.output, as "
+        "dataset@version (the full version id)",
     )
 
 
@@ -524,6 +549,37 @@ class ServingScaled(EventData):
     reason: str = ""
 
 
+class WorkflowRunChanged(EventData):
+    """A pipeline run changed state (``gantry.workflow.run.changed``)."""
+
+    run_id: str
+    pipeline: str
+    revision: int = Field(ge=1)
+    state: str
+    previous: str = ""
+    reason: str = ""
+    trigger: str = Field(default="manual", description="manual, schedule, retry")
+    owner: str = ""
+
+
+class WorkflowStepChanged(EventData):
+    """A step of a pipeline run changed state (``gantry.workflow.step.changed``)."""
+
+    run_id: str
+    pipeline: str
+    step: str
+    kind: str
+    state: str
+    previous: str = ""
+    attempt: int = Field(default=0, ge=0)
+    job_id: str = ""
+    reason: str = ""
+    outputs: dict[str, str] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    inputs: list[str] = Field(default_factory=list, description="kind name@version it used")
+    produced: list[str] = Field(default_factory=list, description="kind name@version it made")
+
+
 @dataclass(frozen=True)
 class EventSpec:
     """One catalog entry."""
@@ -666,6 +722,15 @@ SERVING_VERSION = register(
 SERVING_SCALED = register(
     "gantry.serving.scaled", 1, ServingScaled, "A deployed version's instances were scaled."
 )
+WORKFLOW_RUN_CHANGED = register(
+    "gantry.workflow.run.changed", 1, WorkflowRunChanged, "A pipeline run changed state."
+)
+WORKFLOW_STEP_CHANGED = register(
+    "gantry.workflow.step.changed",
+    1,
+    WorkflowStepChanged,
+    "A step of a pipeline run changed state (its job, outputs and lineage).",
+)
 
 __all__ = [
     "AUDIT_CHECKPOINT",
@@ -701,6 +766,8 @@ __all__ = [
     "TRACE_REQUESTED",
     "VERSION_COMMITTED",
     "VIEW_POLICY_CHANGED",
+    "WORKFLOW_RUN_CHANGED",
+    "WORKFLOW_STEP_CHANGED",
     "AuditCheckpoint",
     "AuditQueried",
     "AuthzDecision",
@@ -740,6 +807,8 @@ __all__ = [
     "VersionCommitted",
     "ViewPolicyChanged",
     "WorkerPlacement",
+    "WorkflowRunChanged",
+    "WorkflowStepChanged",
     "catalog",
     "lookup",
     "register",

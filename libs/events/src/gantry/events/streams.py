@@ -28,6 +28,9 @@ STREAMS: tuple[StreamDef, ...] = (
     StreamDef("SERVING", ("gantry.serving.>",), description="Deployments and traffic"),
     StreamDef("AUTHZ", ("gantry.authz.>",), description="Authorisation decisions"),
     StreamDef("AUDIT", ("gantry.audit.>",), description="Audit checkpoints and queries"),
+    StreamDef(
+        "WORKFLOWS", ("gantry.workflow.>",), description="Pipeline runs, experiments, sessions"
+    ),
     StreamDef("EXTERNAL", ("ext.>",), description="Events emitted by outside services"),
     StreamDef(
         "LOGS",

@@ -6,6 +6,14 @@ without a rule is denied), asks the :class:`Authorizer`, and records the decisio
 deny, as an :class:`AuthzDecision` on a :class:`DecisionSink`. Allowed handlers run with
 :func:`current_principal` set; refused calls end with UNAUTHENTICATED or PERMISSION_DENIED and
 a message saying why. Health-check and reflection methods are public and not recorded.
+
+A service may act on behalf of a user (the Kubernetes ``Impersonate-User`` pattern): with the
+metadata ``x-gantry-act-as: <subject>`` and ``x-gantry-act-as-roles: <role>,<role>`` a caller
+whose token is of kind ``service`` and whom the policy allows ``impersonate`` on ``principal``
+is taken for that subject, holding exactly those roles (kind ``user``, ``via`` naming the
+service, the service's token expiry). That ``impersonate`` decision is recorded for the
+service; the method's own decision is then taken and recorded for the acted-as principal, with
+``via`` set, so the owner's rights (never the service's) decide the call.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import grpc
 
 from gantry.core import PermissionDenied, Unauthenticated
 from gantry.events.catalog import AuthzDecision
-from gantry.security.principal import ANONYMOUS, Principal
+from gantry.security.bootstrap import ADMIN_SUBJECT
+from gantry.security.principal import ANONYMOUS, SERVICE_SUBJECTS, Principal
 from gantry.security.rbac import Authorizer
 from gantry.security.tokens import TokenVerifier
 
@@ -29,6 +38,11 @@ PUBLIC_METHOD_PREFIXES: frozenset[str] = frozenset({"/grpc.health.v1.Health/", "
 _LOGIN_HINT = "create a token with `gantry admin token create`"
 _UNMAPPED_ACTION = "call"
 _UNMAPPED_KIND = "method"
+#: The subject a service acts as, and that subject's roles (comma-separated, may be empty).
+ACT_AS_METADATA = "x-gantry-act-as"
+ACT_AS_ROLES_METADATA = "x-gantry-act-as-roles"
+# Identities nobody may act as: Gantry's own services, the platform admin, and 'anonymous'.
+_NOT_ACTABLE: frozenset[str] = SERVICE_SUBJECTS | {ADMIN_SUBJECT, ANONYMOUS}
 
 _principal: ContextVar[Principal | None] = ContextVar("gantry_security_principal", default=None)
 
@@ -50,6 +64,10 @@ class MethodRule:
 
     action: str
     resource_kind: str
+
+
+#: What acting as another principal means to the policy (the resource name is the subject).
+IMPERSONATE_RULE = MethodRule("impersonate", "principal")
 
 
 class DecisionSink(Protocol):
@@ -136,10 +154,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except Unauthenticated as exc:
             self._record(method, rule, ANONYMOUS, (), allowed=False, reason=str(exc))
             return _Refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        subjects, role_lists = _act_as_metadata(metadata)
+        if subjects or role_lists:
+            acted = self._impersonate(method, principal, subjects, role_lists)
+            if isinstance(acted, _Refusal):
+                return acted
+            principal = acted
+        via = principal.via
         roles = (*principal.roles, *self._authorizer.policy.bindings.get(principal.subject, ()))
         if rule is None:
             reason = f"method {method} has no authorization rule, so it is denied by default"
-            self._record(method, rule, principal.subject, roles, allowed=False, reason=reason)
+            self._record(
+                method, rule, principal.subject, roles, allowed=False, reason=reason, via=via
+            )
             error = PermissionDenied(
                 principal.subject,
                 _UNMAPPED_ACTION,
@@ -152,14 +179,132 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             principal.subject, principal.roles, rule.action, rule.resource_kind
         )
         self._record(
-            method, rule, principal.subject, roles, allowed=decision.allowed, reason=decision.reason
+            method,
+            rule,
+            principal.subject,
+            roles,
+            allowed=decision.allowed,
+            reason=decision.reason,
+            via=via,
         )
         if not decision.allowed:
             error = PermissionDenied(
-                principal.subject, rule.action, rule.resource_kind, reason=decision.reason
+                principal.subject,
+                rule.action,
+                rule.resource_kind,
+                reason=decision.reason,
+                hint=(
+                    f"{via} called on behalf of {principal.subject!r}, so the call was decided "
+                    f"with the roles {via} asserted for {principal.subject!r}"
+                    if via
+                    else None
+                ),
             )
             return _Refusal(grpc.StatusCode.PERMISSION_DENIED, str(error))
         return principal
+
+    def _impersonate(
+        self, method: str, caller: Principal, subjects: list[str], role_lists: list[str]
+    ) -> Principal | _Refusal:
+        """The principal ``caller`` acts as, or why it may not; the decision is recorded."""
+        target = subjects[0].strip() if len(subjects) == 1 else ""
+        caller_roles = (*caller.roles, *self._authorizer.policy.bindings.get(caller.subject, ()))
+
+        def refuse(code: grpc.StatusCode, reason: str, hint: str | None = None) -> _Refusal:
+            self._record(
+                method,
+                IMPERSONATE_RULE,
+                caller.subject,
+                caller_roles,
+                allowed=False,
+                reason=reason,
+                resource_name=target or "*",
+            )
+            if code == denied:
+                resource = f"principal {target!r}" if target else "principal"
+                message = str(
+                    PermissionDenied(
+                        caller.subject, "impersonate", resource, reason=reason, hint=hint
+                    )
+                )
+            else:
+                message = str(Unauthenticated(reason, hint=hint))
+            return _Refusal(code, message)
+
+        denied, unauthenticated = grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED
+        if caller.kind != "service":
+            return refuse(
+                denied,
+                f"only a service may act on behalf of another principal; {caller.subject!r} "
+                f"presented a {caller.kind} token",
+                hint=f"call without the '{ACT_AS_METADATA}' and '{ACT_AS_ROLES_METADATA}' metadata",
+            )
+        if len(subjects) > 1 or len(role_lists) > 1:
+            return refuse(
+                unauthenticated,
+                f"more than one '{ACT_AS_METADATA}' or '{ACT_AS_ROLES_METADATA}' metadata "
+                "entry; send exactly one of each",
+            )
+        if not subjects or not role_lists:
+            present, missing = (
+                (ACT_AS_ROLES_METADATA, ACT_AS_METADATA)
+                if not subjects
+                else (ACT_AS_METADATA, ACT_AS_ROLES_METADATA)
+            )
+            return refuse(
+                unauthenticated,
+                f"metadata '{present}' was sent without '{missing}'",
+                hint=f"send both: '{ACT_AS_METADATA}: <subject>' and "
+                f"'{ACT_AS_ROLES_METADATA}: <role>,<role>' (the roles may be empty)",
+            )
+        if not target or not target.isprintable() or any(c.isspace() for c in target):
+            return refuse(
+                unauthenticated,
+                f"'{ACT_AS_METADATA}' must name a subject (no spaces), got {subjects[0]!r}",
+            )
+        if target in _NOT_ACTABLE:
+            return refuse(
+                denied,
+                f"{target!r} is a reserved identity (a Gantry service, the platform admin or "
+                "anonymous), which no service may act as",
+            )
+        roles = tuple(dict.fromkeys(r.strip() for r in role_lists[0].split(",") if r.strip()))
+        known = self._authorizer.policy.roles
+        unknown = [role for role in roles if role not in known]
+        if unknown:
+            return refuse(
+                unauthenticated,
+                f"'{ACT_AS_ROLES_METADATA}' names role(s) the RBAC policy does not define: "
+                f"{', '.join(map(repr, unknown))}",
+                hint=f"roles defined by the policy: {', '.join(sorted(known))}",
+            )
+        decision = self._authorizer.decide(
+            caller.subject, caller.roles, IMPERSONATE_RULE.action, IMPERSONATE_RULE.resource_kind
+        )
+        if not decision.allowed:
+            return refuse(
+                denied,
+                decision.reason,
+                hint="bind the service to a role that allows impersonate on principal "
+                "(the shipped policy's orchestrator)",
+            )
+        self._record(
+            method,
+            IMPERSONATE_RULE,
+            caller.subject,
+            caller_roles,
+            allowed=True,
+            reason=decision.reason,
+            resource_name=target,
+        )
+        return Principal(
+            subject=target,
+            roles=roles,
+            token_id=caller.token_id,
+            expires_at=caller.expires_at,
+            kind="user",
+            via=caller.subject,
+        )
 
     def _record(
         self,
@@ -170,17 +315,20 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         *,
         allowed: bool,
         reason: str,
+        resource_name: str = "*",
+        via: str = "",
     ) -> None:
         decision = AuthzDecision(
             principal=actor,
             roles=list(dict.fromkeys(roles)),
             action=rule.action if rule else _UNMAPPED_ACTION,
             resource_kind=rule.resource_kind if rule else _UNMAPPED_KIND,
-            resource_name="*" if rule else method,
+            resource_name=resource_name if rule else method,
             decision="allow" if allowed else "deny",
             reason=reason,
             service=self._service,
             method=method,
+            via=via,
         )
         self._sink.record(decision, actor=actor)
 
@@ -200,6 +348,18 @@ def _bearer_token(metadata: Iterable[Any] | None) -> str:
             "the 'authorization' metadata must be 'Bearer <token>'", hint=_LOGIN_HINT
         )
     return token.strip()
+
+
+def _act_as_metadata(metadata: Iterable[Any] | None) -> tuple[list[str], list[str]]:
+    """The values of the act-as metadata entries: (subjects, role lists), usually empty."""
+    subjects: list[str] = []
+    role_lists: list[str] = []
+    for key, value in metadata or ():
+        if key == ACT_AS_METADATA:
+            subjects.append(value if isinstance(value, str) else "")
+        elif key == ACT_AS_ROLES_METADATA:
+            role_lists.append(value if isinstance(value, str) else "")
+    return subjects, role_lists
 
 
 def _handler_kind(handler: Any) -> str:
@@ -290,6 +450,9 @@ def _bound_handler(handler: Any, principal: Principal) -> Any:
 
 
 __all__ = [
+    "ACT_AS_METADATA",
+    "ACT_AS_ROLES_METADATA",
+    "IMPERSONATE_RULE",
     "PUBLIC_METHOD_PREFIXES",
     "AuthInterceptor",
     "DecisionSink",

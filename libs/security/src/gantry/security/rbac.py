@@ -130,7 +130,8 @@ class Authorizer:
 def default_policy() -> Policy:
     """The policy shipped with Gantry (``gantry/security/default_policy.yaml``).
 
-    Roles: platform-admin, data-steward, annotator, ml-developer, auditor and service.
+    Roles: platform-admin, data-steward, annotator, ml-developer, model-consumer, auditor,
+    service and orchestrator (bound to the ``workflows`` service: it may act as users).
     """
     text = resources.files("gantry.security").joinpath(DEFAULT_POLICY_RESOURCE).read_text("utf-8")
     return Policy.from_yaml(text, source=f"gantry.security/{DEFAULT_POLICY_RESOURCE}")

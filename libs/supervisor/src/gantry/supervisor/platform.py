@@ -45,7 +45,7 @@ from gantry.supervisor.nats_server import NatsServer, port_is_free
 
 DEFAULT_NATS_PORT = 4222
 #: The services ``gantry up`` runs, in start order.
-DEFAULT_SERVICES = ("audit", "governance", "scheduler", "serving", "profiler")
+DEFAULT_SERVICES = ("audit", "governance", "scheduler", "serving", "profiler", "workflows")
 #: The node agent module local agents run.
 AGENT_MODULE = "gantry.training_agent"
 #: What a node agent logs once its node is registered and it takes placements.

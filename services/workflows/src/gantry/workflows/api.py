@@ -1,0 +1,298 @@
+"""The gRPC API (``gantry.workflows.v1.WorkflowService``): handlers only.
+
+The interceptor checks each method's rule (``pipeline`` resource kind: create, read, list,
+run, cancel, delete); replacing, deleting, cancelling or retrying what belongs to someone else
+also takes ``update`` on ``pipeline`` (platform admins), checked and recorded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gantry.core import PermissionDenied
+from gantry.events.catalog import AuthzDecision
+from gantry.protos.v1 import workflows_pb2 as pb
+from gantry.protos.v1 import workflows_pb2_grpc
+from gantry.security import Authorizer, MethodRule, Principal, current_principal
+from gantry.security.interceptor import DecisionSink
+from gantry.security.rpc_errors import rpc_errors
+from gantry.workflows.controller import Caller, Controller
+from gantry.workflows.registry import PipelineRecord, Registry
+from gantry.workflows.runs import Run
+
+SERVICE = "gantry.workflows.v1.WorkflowService"
+SERVICE_NAME = "workflows"
+METHOD_RULES: dict[str, MethodRule] = {
+    f"/{SERVICE}/SubmitPipeline": MethodRule("create", "pipeline"),
+    f"/{SERVICE}/GetPipeline": MethodRule("read", "pipeline"),
+    f"/{SERVICE}/ListPipelines": MethodRule("list", "pipeline"),
+    f"/{SERVICE}/DeletePipeline": MethodRule("delete", "pipeline"),
+    f"/{SERVICE}/StartRun": MethodRule("run", "pipeline"),
+    f"/{SERVICE}/GetRun": MethodRule("read", "pipeline"),
+    f"/{SERVICE}/ListRuns": MethodRule("list", "pipeline"),
+    f"/{SERVICE}/CancelRun": MethodRule("cancel", "pipeline"),
+    f"/{SERVICE}/RetryRun": MethodRule("run", "pipeline"),
+}
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def pipeline_pb(record: PipelineRecord, last: Run | None = None) -> pb.Pipeline:
+    p = record.pipeline
+    schedule = None
+    if p.schedule is not None:
+        s = p.schedule
+        schedule = pb.Schedule(
+            cron=s.cron,
+            timezone=s.timezone,
+            concurrency=s.concurrency,
+            next_fire_ms=0 if s.suspend else record.next_fire_ms,
+            suspended=s.suspend,
+            missed=record.missed,
+        )
+    return pb.Pipeline(
+        name=p.name,
+        kind=p.kind,
+        owner=record.owner,
+        revision=record.revision,
+        spec_yaml=p.source,
+        description=p.doc.metadata.description,
+        steps=list(p.order),
+        params={k: _text(v) for k, v in p.params.items()},
+        schedule=schedule,
+        created_ms=record.created_ms,
+        updated_ms=record.updated_ms,
+        last_run_id=last.id if last is not None else "",
+        last_run_state=last.state if last is not None else "",
+    )
+
+
+def run_pb(run: Run, parents: dict[str, tuple[str, ...]] | None = None) -> pb.Run:
+    steps = []
+    for s in run.steps.values():
+        steps.append(
+            pb.StepRun(
+                name=s.name,
+                kind=s.kind,
+                state=s.state,
+                reason=s.reason,
+                attempt=s.attempt,
+                job_id=s.job_id,
+                depends_on=list((parents or {}).get(s.name, ())),
+                outputs=s.outputs,
+                metrics=s.metrics,
+                inputs=[pb.Artifact(kind=a.kind, name=a.name, version=a.version) for a in s.inputs],
+                produced=[
+                    pb.Artifact(kind=a.kind, name=a.name, version=a.version) for a in s.produced
+                ],
+                attempts=[
+                    pb.StepAttempt(
+                        number=a.number,
+                        job_id=a.job_id,
+                        state=a.state,
+                        reason=a.reason,
+                        started_ms=a.started_ms,
+                        finished_ms=a.finished_ms,
+                    )
+                    for a in s.attempts
+                ],
+                started_ms=s.started_ms,
+                finished_ms=s.finished_ms,
+            )
+        )
+    return pb.Run(
+        id=run.id,
+        pipeline=run.pipeline,
+        revision=run.revision,
+        owner=run.owner,
+        state=run.state,
+        reason=run.reason,
+        trigger=run.trigger,
+        params={k: _text(v) for k, v in run.params.items()},
+        steps=steps,
+        scheduled_ms=run.scheduled_ms,
+        created_ms=run.created_ms,
+        started_ms=run.started_ms,
+        finished_ms=run.finished_ms,
+    )
+
+
+class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
+    """Pipelines and their runs."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        controller: Controller,
+        authorizer: Authorizer,
+        sink: DecisionSink,
+    ) -> None:
+        self.registry = registry
+        self.controller = controller
+        self.authorizer = authorizer
+        self.sink = sink
+
+    def _may_update(self, principal: Principal, method: str, name: str) -> bool:
+        """Whether ``principal`` may change others' pipelines and runs (recorded)."""
+        decision = self.authorizer.decide(principal.subject, principal.roles, "update", "pipeline")
+        self.sink.record(
+            AuthzDecision(
+                principal=principal.subject,
+                roles=list(principal.roles),
+                action="update",
+                resource_kind="pipeline",
+                resource_name=name,
+                decision="allow" if decision.allowed else "deny",
+                reason=decision.reason,
+                service=SERVICE_NAME,
+                method=f"/{SERVICE}/{method}",
+                via=principal.via,
+            ),
+            actor=principal.subject,
+        )
+        return decision.allowed
+
+    def _owner_or_admin(self, principal: Principal, owner: str, method: str, what: str) -> None:
+        if principal.subject == owner or self._may_update(principal, method, what):
+            return
+        raise PermissionDenied(
+            principal.subject,
+            method.lower(),
+            what,
+            reason=f"it belongs to {owner}; only its owner or a principal allowed "
+            "'update pipeline' (platform admins) may change it",
+        )
+
+    def _last_run(self, name: str) -> Run | None:
+        runs = self.controller.list(pipeline=name, limit=1)
+        return runs[0] if runs else None
+
+    @rpc_errors
+    async def SubmitPipeline(
+        self, request: pb.SubmitPipelineRequest, context: Any
+    ) -> pb.SubmitPipelineResponse:
+        """Check a pipeline document and store it as a new revision."""
+        principal = current_principal()
+        admin = request.dry_run is False and self._may_update_quietly(principal)
+        record, replaced = await asyncio.to_thread(
+            self.registry.submit,
+            request.spec_yaml,
+            owner=principal.subject,
+            roles=principal.roles,
+            may_replace_any=admin,
+            dry_run=request.dry_run,
+        )
+        return pb.SubmitPipelineResponse(pipeline=pipeline_pb(record), replaced=replaced)
+
+    def _may_update_quietly(self, principal: Principal) -> bool:
+        return self.authorizer.decide(
+            principal.subject, principal.roles, "update", "pipeline"
+        ).allowed
+
+    @rpc_errors
+    async def GetPipeline(self, request: pb.NameRequest, context: Any) -> pb.Pipeline:
+        """A pipeline's latest revision, its schedule and its last run."""
+        record = await asyncio.to_thread(self.registry.get, request.name)
+        last = await asyncio.to_thread(self._last_run, request.name)
+        return pipeline_pb(record, last)
+
+    @rpc_errors
+    async def ListPipelines(
+        self, request: pb.ListPipelinesRequest, context: Any
+    ) -> pb.ListPipelinesResponse:
+        """Every pipeline with its last run."""
+        records = await asyncio.to_thread(self.registry.list)
+        out = []
+        for record in records:
+            last = await asyncio.to_thread(self._last_run, record.pipeline.name)
+            out.append(pipeline_pb(record, last))
+        return pb.ListPipelinesResponse(pipelines=out)
+
+    @rpc_errors
+    async def DeletePipeline(self, request: pb.NameRequest, context: Any) -> pb.Pipeline:
+        """Delete a pipeline with no active run (its runs' history stays)."""
+        principal = current_principal()
+        record = await asyncio.to_thread(self.registry.get, request.name)
+        self._owner_or_admin(principal, record.owner, "DeletePipeline", f"pipeline {request.name}")
+        active = await asyncio.to_thread(self.controller.active_runs, request.name)
+        await asyncio.to_thread(
+            self.registry.delete,
+            request.name,
+            caller=principal.subject,
+            may_delete_any=True,
+            active=active,
+        )
+        return pipeline_pb(record)
+
+    @rpc_errors
+    async def StartRun(self, request: pb.StartRunRequest, context: Any) -> pb.StartRunResponse:
+        """Start a run as the caller (their quotas and rights apply to its steps)."""
+        principal = current_principal()
+        run, duplicate = await asyncio.to_thread(
+            self.controller.start,
+            request.pipeline,
+            dict(request.params),
+            caller=Caller(principal.subject, principal.roles),
+            request_id=request.request_id,
+        )
+        return pb.StartRunResponse(run=self._run_pb(run), duplicate=duplicate)
+
+    def _run_pb(self, run: Run) -> pb.Run:
+        try:
+            parents = dict(self.registry.revision(run.pipeline, run.revision).parents)
+        except Exception:
+            parents = {}
+        return run_pb(run, parents)
+
+    @rpc_errors
+    async def GetRun(self, request: pb.RunRequest, context: Any) -> pb.Run:
+        """A run with each step's state, job, outputs and lineage."""
+        run = await asyncio.to_thread(self.controller.get, request.id)
+        return await asyncio.to_thread(self._run_pb, run)
+
+    @rpc_errors
+    async def ListRuns(self, request: pb.ListRunsRequest, context: Any) -> pb.ListRunsResponse:
+        """Runs, newest first (of one pipeline, in one state)."""
+        runs = await asyncio.to_thread(
+            self.controller.list,
+            pipeline=request.pipeline,
+            state=request.state,
+            limit=request.limit or 100,
+        )
+        return pb.ListRunsResponse(runs=[run_pb(r) for r in runs])
+
+    @rpc_errors
+    async def CancelRun(self, request: pb.RunRequest, context: Any) -> pb.Run:
+        """Cancel an active run and its running jobs."""
+        principal = current_principal()
+        run = await asyncio.to_thread(self.controller.get, request.id)
+        self._owner_or_admin(principal, run.owner, "CancelRun", f"run {run.id}")
+        run = await asyncio.to_thread(
+            self.controller.cancel,
+            request.id,
+            request.reason,
+            caller=Caller(principal.subject, principal.roles),
+        )
+        return await asyncio.to_thread(self._run_pb, run)
+
+    @rpc_errors
+    async def RetryRun(self, request: pb.RunRequest, context: Any) -> pb.Run:
+        """Run a finished run's failed steps again, or everything from ``from_step``."""
+        principal = current_principal()
+        run = await asyncio.to_thread(self.controller.get, request.id)
+        self._owner_or_admin(principal, run.owner, "RetryRun", f"run {run.id}")
+        run = await asyncio.to_thread(
+            self.controller.retry,
+            request.id,
+            caller=Caller(principal.subject, principal.roles),
+            from_step=request.from_step,
+        )
+        return await asyncio.to_thread(self._run_pb, run)
+
+
+__all__ = ["METHOD_RULES", "SERVICE", "SERVICE_NAME", "WorkflowApi", "pipeline_pb", "run_pb"]

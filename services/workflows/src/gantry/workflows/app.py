@@ -1,0 +1,213 @@
+"""Wiring (the top layer): settings → database → NATS → intake, controller loop, gRPC API.
+
+One :class:`WorkflowService` is one process (run one replica: the controller is the only
+writer of its runs). ``run()`` serves until SIGTERM/SIGINT (or :meth:`WorkflowService.stop`),
+then shuts down in order: NOT_SERVING, stop the consumers, stop the loop after the run in
+hand, stop gRPC (calls in flight get a grace period), flush the outbox, close NATS and the
+database. Nothing is lost by stopping at any point: every run lives in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gantry.core import Clock, SystemClock, get_logger
+from gantry.core.entrypoint import run_until_signalled
+from gantry.core.runfile import run_file, service_address, write_run_file
+from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
+from gantry.protos.v1 import workflows_pb2_grpc
+from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security.decisions import EventDecisionSink
+from gantry.security.keyring import Keyring
+from gantry.security.tokens import ServiceToken
+from gantry.workflows import store
+from gantry.workflows.api import METHOD_RULES, SERVICE, SERVICE_NAME, WorkflowApi
+from gantry.workflows.controller import Controller
+from gantry.workflows.intake import Intake
+from gantry.workflows.platform import Platform, ServicePlatform
+from gantry.workflows.registry import Registry
+from gantry.workflows.settings import WorkflowSettings
+
+_log = get_logger("gantry.workflows")
+
+
+class WorkflowService:
+    """The workflows service process."""
+
+    def __init__(
+        self,
+        settings: WorkflowSettings,
+        *,
+        clock: Clock | None = None,
+        platform: Platform | None = None,
+    ) -> None:
+        self.settings = settings
+        o = settings.workflows
+        self.keyring = Keyring(settings.keys_dir)
+        self.key = self.keyring.service_key(SERVICE_NAME)
+        self.engine = store.connect(settings.database_url)
+        self.clock = clock or SystemClock()
+        self.token = ServiceToken(
+            SERVICE_NAME, self.keyring.issuer, configured=o.token.get_secret_value()
+        )
+        self.platform = platform or ServicePlatform(
+            lambda: service_address(
+                settings.data_dir,
+                "scheduler",
+                configured=o.scheduler_addr,
+                setting="GANTRY_WORKFLOWS__SCHEDULER_ADDR",
+            ),
+            lambda: service_address(
+                settings.data_dir,
+                "serving",
+                configured=o.serving_addr,
+                setting="GANTRY_WORKFLOWS__SERVING_ADDR",
+            ),
+            self.token.get,
+            timeout_s=o.call_timeout_s,
+            deploy_timeout_s=o.deploy_timeout_s,
+        )
+        self.registry = Registry(self.engine, self.clock)
+        self.controller = Controller(
+            self.engine,
+            self.registry,
+            self.platform,
+            self.clock,
+            resync_s=o.resync_s,
+            poll_s=o.poll_s,
+        )
+        self.grpc_port = 0
+        self.intake: Intake | None = None
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown."""
+        self._stopping.set()
+
+    def wake(self) -> None:
+        """Run the loop now (tests driving a manual clock)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Start everything, serve until stopped, shut down cleanly."""
+        s = self.settings
+        o = s.workflows
+        await asyncio.to_thread(store.migrate, self.engine)
+        bus = await Bus.connect(s.nats, name="gantry-workflows")
+        await bus.ensure_streams()
+        publisher = Publisher(bus, signer=self.key)
+        background = BackgroundPublisher(publisher)
+        background.start()
+        relay = OutboxRelay(self.engine, store.outbox, publisher, poll_s=0.5)
+        self.controller.on_change = relay.notify
+        intake = self.intake = Intake(
+            bus,
+            self.controller,
+            publisher,
+            verifier=self.keyring.trust(),
+            ack_wait_s=o.ack_wait_s,
+            wake=self._wake,
+        )
+        policy = Policy.from_file(o.policy_file) if o.policy_file else default_policy()
+        authorizer = Authorizer(policy)
+        sink = EventDecisionSink(background, source=store.SOURCE)
+        interceptor = AuthInterceptor(
+            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            authorizer,
+            METHOD_RULES,
+            sink,
+            SERVICE_NAME,
+        )
+        server = grpc.aio.server(interceptors=[interceptor])
+        workflows_pb2_grpc.add_WorkflowServiceServicer_to_server(
+            WorkflowApi(self.registry, self.controller, authorizer, sink), server
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        self.grpc_port = server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
+        await server.start()
+        tasks = [
+            asyncio.create_task(relay.run(), name="outbox"),
+            asyncio.create_task(intake.run(), name="intake"),
+            asyncio.create_task(self._loop(), name="loop"),
+        ]
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._write_run_file()
+        active = await asyncio.to_thread(store_active, self.engine)
+        _log.info(
+            "workflows ready",
+            grpc=f"{o.grpc_host}:{self.grpc_port}",
+            database=self.engine.url.render_as_string(hide_password=True),
+            active_runs=active,
+        )
+        await self._stopping.wait()
+
+        _log.info("workflows stopping")
+        for name in ("", SERVICE):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        intake.stop()
+        await tasks[1]
+        tasks[2].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks[2]
+        await server.stop(grace=5)
+        relay.stop()
+        await tasks[0]
+        await background.drain()
+        await bus.close()
+        self.engine.dispose()
+        self._run_file().unlink(missing_ok=True)
+        _log.info("workflows stopped")
+
+    async def _loop(self) -> None:
+        """Advance runs and fire schedules every ``tick_s`` (sooner when an event wakes it)."""
+        tick = self.settings.workflows.tick_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=tick)
+            self._wake.clear()
+            try:
+                await asyncio.to_thread(self.controller.tick)
+            except Exception:  # a bug in one tick must not stop the next
+                _log.exception("workflows tick failed")
+
+    def _run_file(self) -> Path:
+        return run_file(self.settings.data_dir, SERVICE_NAME)
+
+    def _write_run_file(self) -> None:
+        """Tell the supervisor and the CLI where this process listens."""
+        o = self.settings.workflows
+        write_run_file(
+            self.settings.data_dir,
+            SERVICE_NAME,
+            host=o.grpc_host,
+            grpc_port=self.grpc_port,
+            metrics_port=0,
+        )
+
+
+def store_active(engine: object) -> int:
+    import sqlalchemy as sa
+
+    assert isinstance(engine, sa.Engine)
+    with engine.connect() as conn:
+        return len(store.run_ids(conn, ("running", "queued")))
+
+
+async def serve(settings: WorkflowSettings) -> None:
+    """Run the service until SIGTERM or SIGINT."""
+    await run_until_signalled(WorkflowService(settings))
+
+
+__all__ = ["WorkflowService", "serve"]

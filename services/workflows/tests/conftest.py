@@ -118,6 +118,7 @@ class FakePlatform:
             model=d.get("model", ""),
             dataset_version=d.get("dataset_version", ""),
             metrics=d.get("metrics", {}),
+            device_seconds=d.get("device_seconds", 0.0),
         )
 
     def cancel_job(self, job_id: str, reason: str, *, owner: Owner) -> None:

@@ -580,6 +580,46 @@ class WorkflowStepChanged(EventData):
     produced: list[str] = Field(default_factory=list, description="kind name@version it made")
 
 
+class ExperimentChanged(EventData):
+    """An experiment (hyperparameter search) changed state (``gantry.workflow.experiment``)."""
+
+    experiment: str
+    state: str
+    previous: str = ""
+    reason: str = ""
+    owner: str = ""
+    objective: str = ""
+    best_trial: int = -1
+    best_value: float | None = None
+    trials: int = Field(default=0, ge=0, description="trials started so far")
+
+
+class TrialChanged(EventData):
+    """A trial of an experiment changed state (``gantry.workflow.trial.changed``)."""
+
+    experiment: str
+    number: int = Field(ge=0)
+    state: str
+    job_id: str = ""
+    values: dict[str, Any] = Field(default_factory=dict, description="the parameters tried")
+    value: float | None = None
+    epoch: int = Field(default=0, ge=0, description="the last epoch it reported")
+    reason: str = ""
+
+
+class JobEvaluation(EventData):
+    """A job's rank 0 evaluated the model during training (``gantry.metrics.job.evaluation``):
+    the held-out metrics after an epoch, for early stopping and search."""
+
+    job_id: str
+    attempt: int = Field(default=1, ge=1)
+    node: str = ""
+    step: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    at_ms: int = 0
+
+
 @dataclass(frozen=True)
 class EventSpec:
     """One catalog entry."""
@@ -722,6 +762,21 @@ SERVING_VERSION = register(
 SERVING_SCALED = register(
     "gantry.serving.scaled", 1, ServingScaled, "A deployed version's instances were scaled."
 )
+EXPERIMENT_CHANGED = register(
+    "gantry.workflow.experiment.changed",
+    1,
+    ExperimentChanged,
+    "An experiment (hyperparameter search) changed state.",
+)
+TRIAL_CHANGED = register(
+    "gantry.workflow.trial.changed", 1, TrialChanged, "A trial of an experiment changed state."
+)
+JOB_EVALUATION = register(
+    "gantry.metrics.job.evaluation",
+    1,
+    JobEvaluation,
+    "A job evaluated its model during training (held-out metrics after an epoch).",
+)
 WORKFLOW_RUN_CHANGED = register(
     "gantry.workflow.run.changed", 1, WorkflowRunChanged, "A pipeline run changed state."
 )
@@ -738,9 +793,11 @@ __all__ = [
     "AUTHZ_DECISION",
     "DATASET_CREATED",
     "DATA_ACCESSED",
+    "EXPERIMENT_CHANGED",
     "GARBAGE_COLLECTED",
     "GRANT_ISSUED",
     "GRANT_REVOKED",
+    "JOB_EVALUATION",
     "JOB_LOG",
     "JOB_PROFILE_FINDING",
     "JOB_PROGRESS",
@@ -764,6 +821,7 @@ __all__ = [
     "SERVING_VERSION",
     "TRACE_READY",
     "TRACE_REQUESTED",
+    "TRIAL_CHANGED",
     "VERSION_COMMITTED",
     "VIEW_POLICY_CHANGED",
     "WORKFLOW_RUN_CHANGED",
@@ -776,11 +834,13 @@ __all__ = [
     "DatasetUse",
     "EventData",
     "EventSpec",
+    "ExperimentChanged",
     "GarbageCollected",
     "GpuDevice",
     "GpuUsage",
     "GrantIssued",
     "GrantRevoked",
+    "JobEvaluation",
     "JobLogLines",
     "JobProfileFinding",
     "JobProgress",
@@ -804,6 +864,7 @@ __all__ = [
     "ServingVersionWeight",
     "TraceReady",
     "TraceRequested",
+    "TrialChanged",
     "VersionCommitted",
     "ViewPolicyChanged",
     "WorkerPlacement",

@@ -23,16 +23,22 @@ from __future__ import annotations
 
 import graphlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gantry.core import InvalidInput
 from gantry.sched.spec import PRIORITY_CLASSES, parse_duration_s, parse_job
+from gantry.workflows.documents import (
+    API_VERSION,
+    NAME_PATTERN,
+    Metadata,
+    load_document,
+    validation_problems,
+)
 from gantry.workflows.references import (
     OUTPUTS,
     Reference,
@@ -42,11 +48,9 @@ from gantry.workflows.references import (
     substitute,
 )
 
-API_VERSION = "gantry/v1"
 KINDS = ("Pipeline", "CronPipeline")
 STEP_KINDS = ("train", "data", "evaluate", "deploy")
 MAX_STEPS = 100
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_LABELS = ("gantry.io/pipeline", "gantry.io/run", "gantry.io/step")
 _JOB_KEYS_RESERVED = ("apiVersion", "kind", "metadata")
 
@@ -55,14 +59,6 @@ Scalar = str | int | float | bool
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-class Metadata(_Model):
-    """The pipeline's name and description."""
-
-    name: str = Field(pattern=NAME_PATTERN)
-    description: str = ""
-    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class Gate(_Model):
@@ -284,20 +280,6 @@ def _typed(text: Any, default: Scalar) -> Scalar:
 # -- parsing ----------------------------------------------------------------------------------
 
 
-def load_document(source: str) -> dict[str, Any]:
-    """The YAML mapping in ``source``; :class:`InvalidInput` if it is not one."""
-    try:
-        doc = yaml.safe_load(source)
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"the pipeline file is not valid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput(
-            "a pipeline file must be a mapping with apiVersion, kind, metadata and spec",
-            hint=f"start with 'apiVersion: {API_VERSION}' and 'kind: Pipeline'",
-        )
-    return doc
-
-
 def parse_pipeline(source: str) -> Pipeline:
     """A checked :class:`Pipeline` from YAML text; :class:`InvalidInput` listing every problem
     with its place (``spec.steps[2] (evaluate): ...``)."""
@@ -311,7 +293,7 @@ def parse_pipeline(source: str) -> Pipeline:
         doc = PipelineDoc.model_validate(raw)
     except ValidationError as exc:
         raise InvalidInput(
-            "the pipeline is invalid: " + "; ".join(_problems(exc, raw)),
+            "the pipeline is invalid: " + "; ".join(validation_problems(exc, raw)),
             hint="see docs/workflows.md for the pipeline format",
         ) from None
     problems: list[str] = []
@@ -330,37 +312,6 @@ def parse_pipeline(source: str) -> Pipeline:
         f"pipeline {doc.metadata.name!r} is invalid: " + "; ".join(problems),
         hint="fix these and submit again; see docs/workflows.md",
     )
-
-
-def _problems(exc: ValidationError, raw: Mapping[str, Any]) -> list[str]:
-    out = []
-    for e in exc.errors():
-        where = _where(e["loc"], raw)
-        message = str(e["msg"]).removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            message = "is not a known field (check its spelling and indentation)"
-        elif e["type"] == "missing":
-            message = "is required"
-        out.append(f"{where}: {message}")
-    return out
-
-
-def _where(loc: Sequence[int | str], raw: Mapping[str, Any]) -> str:
-    names = {"api_version": "apiVersion", "depends_on": "dependsOn", "at_least": "atLeast"}
-    parts: list[str] = []
-    node: Any = raw
-    for p in loc:
-        if isinstance(p, int):
-            label = f"[{p}]"
-            if isinstance(node, list) and p < len(node) and isinstance(node[p], dict):
-                step = node[p].get("name")
-                label += f" ({step})" if isinstance(step, str) else ""
-            parts.append(label)
-            node = node[p] if isinstance(node, list) and p < len(node) else None
-        else:
-            parts.append(names.get(p, p))
-            node = node.get(p) if isinstance(node, dict) else None
-    return ".".join(parts).replace(".[", "[") or "(document)"
 
 
 def _at(i: int, step: Step) -> str:

@@ -10,6 +10,7 @@ apply (the orchestrator role lets it act as a user, never do more than that user
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +39,8 @@ class JobStatus:
     dataset_version: str = ""
     metrics: Mapping[str, float] = field(default_factory=dict)
     attempt: int = 0
+    device_seconds: float = 0.0
+    """Run time times devices (GPUs, or 1 per CPU-only worker), over its workers."""
 
     @property
     def terminal(self) -> bool:
@@ -140,6 +143,8 @@ class ServicePlatform:
     def job(self, job_id: str, *, owner: Owner) -> JobStatus:
         with self._scheduler(owner) as client:
             info = client.get(job_id)
+        devices = max(info.gpu_milli / 1000, 1.0) * max(info.workers, 1)
+        ran_ms = (info.finished_ms or int(time.time() * 1000)) - info.started_ms
         return JobStatus(
             id=info.id,
             state=info.state,
@@ -148,6 +153,7 @@ class ServicePlatform:
             dataset_version=getattr(info, "dataset_version", ""),
             metrics=dict(getattr(info, "metrics", {}) or {}),
             attempt=info.attempt,
+            device_seconds=devices * ran_ms / 1000 if info.started_ms else 0.0,
         )
 
     def cancel_job(self, job_id: str, reason: str, *, owner: Owner) -> None:

@@ -23,6 +23,7 @@ _WHOLE = re.compile(r"^\$\{\s*([^}]*?)\s*\}$")
 _NAME = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
 _STEP_REF = re.compile(rf"^steps\.({_NAME})\.outputs\.([A-Za-z0-9_.\-]+)$")
 _PARAM_REF = re.compile(r"^params\.([A-Za-z_][A-Za-z0-9_]*)$")
+_TRIAL_REF = re.compile(r"^trial\.([A-Za-z_][A-Za-z0-9_]*)$")
 RUN_FIELDS: tuple[str, ...] = ("run.id", "run.date", "run.pipeline")
 
 OUTPUTS: Mapping[str, tuple[str, ...]] = {
@@ -30,6 +31,7 @@ OUTPUTS: Mapping[str, tuple[str, ...]] = {
     "evaluate": ("job", "model", "metrics.<name>"),
     "data": ("job", "dataset", "version"),
     "deploy": ("deployment", "model", "version"),
+    "experiment": ("job", "model", "trial", "metrics.<name>"),
 }
 """What each kind of step outputs (``metrics.<name>``: any metric the job reported)."""
 
@@ -39,7 +41,7 @@ class Reference:
     """One parsed ``${...}``: a parameter, a step's output or a property of the run."""
 
     text: str
-    kind: str  # "param" | "step" | "run"
+    kind: str  # "param" | "step" | "run" | "trial"
     name: str  # the parameter, the step, or the run field
     output: str = ""  # for step references: "model", "metrics.accuracy", ...
 
@@ -57,10 +59,13 @@ def parse_reference(text: str) -> Reference:
         return Reference(text, "step", m.group(1), m.group(3))
     if text in RUN_FIELDS:
         return Reference(text, "run", text.removeprefix("run."))
+    if m := _TRIAL_REF.match(text):
+        return Reference(text, "trial", m.group(1))
     raise InvalidInput(
         f"${{{text}}} is not a reference Gantry knows",
         hint="write ${params.<name>}, ${steps.<step>.outputs.<output>}, ${run.id}, "
-        "${run.date} or ${run.pipeline}",
+        "${run.date} or ${run.pipeline} (and ${trial.<parameter>} or ${trial.number} in an "
+        "experiment's trial)",
     )
 
 

@@ -80,6 +80,43 @@ step_jobs = sa.Table(
     sa.Column("step", sa.String(64), nullable=False),
 )
 
+experiments = sa.Table(
+    "wf_experiments",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("roles_json", sa.Text, nullable=False),
+    sa.Column("spec_json", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("study", sa.String(160), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("run_id", sa.String(64), nullable=False, default=""),
+    sa.Column("best_trial", sa.Integer, nullable=False, default=-1),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("finished_ms", sa.BigInteger, nullable=False, default=0),
+    sa.Index("ix_wf_experiments_state", "state"),
+)
+
+trials = sa.Table(
+    "wf_trials",
+    metadata,
+    sa.Column("experiment", sa.String(128), primary_key=True),
+    sa.Column("number", sa.Integer, primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("job_id", sa.String(64), nullable=False, default=""),
+    sa.Column("values_json", sa.Text, nullable=False),
+    sa.Column("value", sa.Float, nullable=True),
+    sa.Column("curve_json", sa.Text, nullable=False, default="[]"),
+    sa.Column("metrics_json", sa.Text, nullable=False, default="{}"),
+    sa.Column("model", sa.String(256), nullable=False, default=""),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+    sa.Column("device_s", sa.Float, nullable=False, default=0.0),
+    sa.Column("started_ms", sa.BigInteger, nullable=False),
+    sa.Column("finished_ms", sa.BigInteger, nullable=False, default=0),
+    sa.Index("ix_wf_trials_job", "job_id"),
+)
+
 schema_version = sa.Table(
     "wf_schema_version", metadata, sa.Column("version", sa.Integer, primary_key=True)
 )
@@ -92,10 +129,16 @@ record = _OUTBOX.record
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
-    metadata.create_all(conn)
+    for table in (pipelines, revisions, schedules, runs, step_jobs, outbox, inbox, schema_version):
+        table.create(conn, checkfirst=True)
 
 
-MIGRATIONS = {1: _migrate_v1}
+def _migrate_v2(conn: sa.Connection) -> None:
+    experiments.create(conn, checkfirst=True)
+    trials.create(conn, checkfirst=True)
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
 
 
 def connect(url: str) -> sa.Engine:

@@ -172,3 +172,75 @@ def test_a_restarted_service_continues_the_same_study(rig: Rig, tmp_path: Path) 
     _drive(again, rig.platform)
     assert again.get("churn-hpo").state == "succeeded"
     assert len(again.get("churn-hpo").trials) == 12
+
+
+PIPELINE = textwrap.dedent(
+    """
+    apiVersion: gantry/v1
+    kind: Pipeline
+    metadata: {name: tuned}
+    spec:
+      params: {source: "v0"}
+      steps:
+        - name: search
+          experiment:
+            objective: {metric: accuracy}
+            pruner: {kind: none}
+            budget: {trials: 3}
+            parallelism: 3
+            space:
+              lr: {logUniform: [0.001, 0.1]}
+            trial:
+              entrypoint:
+                task: gantry.training.examples.tabular:task
+                args: ["lr=${trial.lr}"]
+              data: [{dataset: churn, version: "${params.source}"}]
+        - name: deploy
+          gate: {metric: "${steps.search.outputs.metrics.accuracy}", atLeast: 0.5}
+          deploy:
+            deployment: tuned
+            model: ${steps.search.outputs.model}
+    """
+)
+
+
+def test_a_pipeline_step_runs_an_experiment_and_deploys_its_best_model(
+    rig: Rig, tmp_path: Path
+) -> None:
+    from .conftest import DEV
+
+    experimenter = Experimenter(
+        rig.controller.engine, rig.platform, f"sqlite:///{tmp_path / 's.db'}", rig.clock
+    )
+    rig.controller.experimenter = experimenter
+    rig.registry.submit(PIPELINE, owner=DEV.subject, roles=DEV.roles)
+    run, _ = rig.controller.start("tuned", {"source": "v7"}, caller=DEV)
+    step = run.steps["search"]
+    assert step.state == "running" and step.outputs["experiment"].startswith("tuned-search-")
+    exp = experimenter.get(step.outputs["experiment"])
+    assert len(exp.trials) == 3 and exp.run_id.startswith(run.id)
+    for t in exp.trials:
+        doc = rig.platform.jobs[t.job_id]["doc"]
+        assert doc["spec"]["data"][0]["version"] == "v7"  # the pipeline's references resolved
+        assert doc["spec"]["entrypoint"]["args"] == [f"lr={t.values['lr']}"]
+        rig.platform.finish(
+            t.job_id, metrics={"accuracy": 0.6 + t.number / 10}, model=f"tuned:{t.number + 1}"
+        )
+    experimenter.tick()
+    rig.controller.tick()
+    done = rig.controller.get(run.id)
+    assert done.state == "succeeded", done.reason
+    assert done.steps["search"].outputs["trial"] == "2"
+    assert done.steps["search"].outputs["model"] == "tuned:3"
+    assert rig.platform.deploys[0][1:3] == ("tuned", 3)
+
+
+def test_trial_references_belong_to_experiments() -> None:
+    from gantry.workflows.pipelines import parse_pipeline
+
+    source = PIPELINE.replace("model: ${steps.search.outputs.model}", "model: ${trial.lr}")
+    with pytest.raises(InvalidInput, match=r"only means something in an experiment's trial"):
+        parse_pipeline(source)
+    bad = PIPELINE.replace("{logUniform: [0.001, 0.1]}", "{logUniform: [-1, 0.1]}")
+    with pytest.raises(InvalidInput, match=r"spec.steps\[0\] \(search\).experiment.space.lr"):
+        parse_pipeline(bad)

@@ -105,7 +105,10 @@ def test_bad_steps_are_all_reported_at_once() -> None:
     assert "used twice" in message
     assert "evaluate.model: name the model version" in message
     assert "gate.metric: must be a step's metric" in message
-    assert "spec.steps[4] (nothing): give exactly one of train, data, evaluate or deploy" in message
+    assert (
+        "spec.steps[4] (nothing): give exactly one of train, data, evaluate, deploy or experiment"
+        in message
+    )
 
 
 def test_an_invalid_job_spec_is_reported_where_it_is() -> None:

@@ -18,6 +18,8 @@ from gantry.security import Authorizer, MethodRule, Principal, current_principal
 from gantry.security.interceptor import DecisionSink
 from gantry.security.rpc_errors import rpc_errors
 from gantry.workflows.controller import Caller, Controller
+from gantry.workflows.experimenter import Experimenter, ExperimentView
+from gantry.workflows.platform import Owner
 from gantry.workflows.registry import PipelineRecord, Registry
 from gantry.workflows.runs import Run
 
@@ -33,6 +35,10 @@ METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/ListRuns": MethodRule("list", "pipeline"),
     f"/{SERVICE}/CancelRun": MethodRule("cancel", "pipeline"),
     f"/{SERVICE}/RetryRun": MethodRule("run", "pipeline"),
+    f"/{SERVICE}/SubmitExperiment": MethodRule("create", "experiment"),
+    f"/{SERVICE}/GetExperiment": MethodRule("read", "experiment"),
+    f"/{SERVICE}/ListExperiments": MethodRule("list", "experiment"),
+    f"/{SERVICE}/CancelExperiment": MethodRule("cancel", "experiment"),
 }
 
 
@@ -122,6 +128,48 @@ def run_pb(run: Run, parents: dict[str, tuple[str, ...]] | None = None) -> pb.Ru
     )
 
 
+def experiment_pb(e: ExperimentView) -> pb.Experiment:
+    spec = e.spec
+    return pb.Experiment(
+        name=e.name,
+        owner=e.owner,
+        state=e.state,
+        reason=e.reason,
+        spec_yaml=e.source,
+        metric=spec.objective.metric,
+        goal=spec.objective.goal,
+        method=spec.method,
+        pruner=spec.pruner.kind,
+        budget_trials=spec.budget.trials,
+        budget_gpu_hours=spec.budget.gpu_hours or 0.0,
+        parallelism=spec.parallelism,
+        run_id=e.run_id,
+        best_trial=e.best_trial,
+        trials=[
+            pb.Trial(
+                number=t.number,
+                state=t.state,
+                job_id=t.job_id,
+                values={k: _text(v) for k, v in t.values.items()},
+                value=t.value if t.value is not None else 0.0,
+                has_value=t.value is not None,
+                curve=[pb.CurvePoint(epoch=ep, value=v) for ep, v in t.curve],
+                metrics=t.metrics,
+                model=t.model,
+                reason=t.reason,
+                device_s=t.device_s,
+                started_ms=t.started_ms,
+                finished_ms=t.finished_ms,
+            )
+            for t in e.trials
+        ],
+        device_s=e.device_s,
+        created_ms=e.created_ms,
+        finished_ms=e.finished_ms,
+        parameters=list(spec.space),
+    )
+
+
 class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
     """Pipelines and their runs."""
 
@@ -129,23 +177,27 @@ class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
         self,
         registry: Registry,
         controller: Controller,
+        experimenter: Experimenter,
         authorizer: Authorizer,
         sink: DecisionSink,
     ) -> None:
         self.registry = registry
         self.controller = controller
+        self.experimenter = experimenter
         self.authorizer = authorizer
         self.sink = sink
 
-    def _may_update(self, principal: Principal, method: str, name: str) -> bool:
-        """Whether ``principal`` may change others' pipelines and runs (recorded)."""
-        decision = self.authorizer.decide(principal.subject, principal.roles, "update", "pipeline")
+    def _may_update(
+        self, principal: Principal, method: str, name: str, kind: str = "pipeline"
+    ) -> bool:
+        """Whether ``principal`` may change others' pipelines, runs or experiments (recorded)."""
+        decision = self.authorizer.decide(principal.subject, principal.roles, "update", kind)
         self.sink.record(
             AuthzDecision(
                 principal=principal.subject,
                 roles=list(principal.roles),
                 action="update",
-                resource_kind="pipeline",
+                resource_kind=kind,
                 resource_name=name,
                 decision="allow" if decision.allowed else "deny",
                 reason=decision.reason,
@@ -157,15 +209,17 @@ class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
         )
         return decision.allowed
 
-    def _owner_or_admin(self, principal: Principal, owner: str, method: str, what: str) -> None:
-        if principal.subject == owner or self._may_update(principal, method, what):
+    def _owner_or_admin(
+        self, principal: Principal, owner: str, method: str, what: str, kind: str = "pipeline"
+    ) -> None:
+        if principal.subject == owner or self._may_update(principal, method, what, kind):
             return
         raise PermissionDenied(
             principal.subject,
             method.lower(),
             what,
             reason=f"it belongs to {owner}; only its owner or a principal allowed "
-            "'update pipeline' (platform admins) may change it",
+            f"'update {kind}' (platform admins) may change it",
         )
 
     def _last_run(self, name: str) -> Run | None:
@@ -294,5 +348,53 @@ class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
         )
         return await asyncio.to_thread(self._run_pb, run)
 
+    @rpc_errors
+    async def SubmitExperiment(
+        self, request: pb.SubmitExperimentRequest, context: Any
+    ) -> pb.Experiment:
+        """Check an Experiment document and start its search as the caller."""
+        principal = current_principal()
+        view = await asyncio.to_thread(
+            self.experimenter.submit,
+            request.spec_yaml,
+            owner=Owner(principal.subject, principal.roles),
+            dry_run=request.dry_run,
+        )
+        return experiment_pb(view)
 
-__all__ = ["METHOD_RULES", "SERVICE", "SERVICE_NAME", "WorkflowApi", "pipeline_pb", "run_pb"]
+    @rpc_errors
+    async def GetExperiment(self, request: pb.NameRequest, context: Any) -> pb.Experiment:
+        """An experiment with every trial and the best so far."""
+        return experiment_pb(await asyncio.to_thread(self.experimenter.get, request.name))
+
+    @rpc_errors
+    async def ListExperiments(
+        self, request: pb.ListExperimentsRequest, context: Any
+    ) -> pb.ListExperimentsResponse:
+        """Experiments, newest first."""
+        views = await asyncio.to_thread(self.experimenter.list, state=request.state)
+        return pb.ListExperimentsResponse(experiments=[experiment_pb(v) for v in views])
+
+    @rpc_errors
+    async def CancelExperiment(self, request: pb.NameRequest, context: Any) -> pb.Experiment:
+        """Cancel an experiment and its running trials."""
+        principal = current_principal()
+        view = await asyncio.to_thread(self.experimenter.get, request.name)
+        self._owner_or_admin(
+            principal, view.owner, "CancelExperiment", f"experiment {view.name}", "experiment"
+        )
+        reason = request.reason or f"cancelled by {principal.subject}"
+        return experiment_pb(
+            await asyncio.to_thread(self.experimenter.cancel, request.name, reason)
+        )
+
+
+__all__ = [
+    "METHOD_RULES",
+    "SERVICE",
+    "SERVICE_NAME",
+    "WorkflowApi",
+    "experiment_pb",
+    "pipeline_pb",
+    "run_pb",
+]

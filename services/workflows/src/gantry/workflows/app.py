@@ -29,6 +29,7 @@ from gantry.security.tokens import ServiceToken
 from gantry.workflows import store
 from gantry.workflows.api import METHOD_RULES, SERVICE, SERVICE_NAME, WorkflowApi
 from gantry.workflows.controller import Controller
+from gantry.workflows.experimenter import Experimenter
 from gantry.workflows.intake import Intake
 from gantry.workflows.platform import Platform, ServicePlatform
 from gantry.workflows.registry import Registry
@@ -82,6 +83,10 @@ class WorkflowService:
             resync_s=o.resync_s,
             poll_s=o.poll_s,
         )
+        self.experimenter = Experimenter(
+            self.engine, self.platform, settings.study_database_url, self.clock
+        )
+        self.controller.experimenter = self.experimenter
         self.grpc_port = 0
         self.intake: Intake | None = None
         self._stopping = asyncio.Event()
@@ -107,9 +112,11 @@ class WorkflowService:
         background.start()
         relay = OutboxRelay(self.engine, store.outbox, publisher, poll_s=0.5)
         self.controller.on_change = relay.notify
+        self.experimenter.on_change = relay.notify
         intake = self.intake = Intake(
             bus,
             self.controller,
+            self.experimenter,
             publisher,
             verifier=self.keyring.trust(),
             ack_wait_s=o.ack_wait_s,
@@ -127,7 +134,8 @@ class WorkflowService:
         )
         server = grpc.aio.server(interceptors=[interceptor])
         workflows_pb2_grpc.add_WorkflowServiceServicer_to_server(
-            WorkflowApi(self.registry, self.controller, authorizer, sink), server
+            WorkflowApi(self.registry, self.controller, self.experimenter, authorizer, sink),
+            server,
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -179,6 +187,7 @@ class WorkflowService:
             self._wake.clear()
             try:
                 await asyncio.to_thread(self.controller.tick)
+                await asyncio.to_thread(self.experimenter.tick)
             except Exception:  # a bug in one tick must not stop the next
                 _log.exception("workflows tick failed")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+import yaml
 
 from gantry.core import (
     Clock,
@@ -36,9 +37,10 @@ from gantry.core import (
 from gantry.events.catalog import WorkflowRunChanged, WorkflowStepChanged
 from gantry.workflows import store
 from gantry.workflows.cron import due
+from gantry.workflows.experimenter import Experimenter
 from gantry.workflows.pipelines import Pipeline, Step, job_document
 from gantry.workflows.platform import JobStatus, Owner, Platform, lineage_of
-from gantry.workflows.references import Unresolved
+from gantry.workflows.references import Reference, Unresolved, substitute
 from gantry.workflows.registry import Registry
 from gantry.workflows.runs import (
     RUN_ACTIVE,
@@ -85,6 +87,8 @@ class Controller:
         self.resync_s = resync_s
         self.poll_s = poll_s
         self.on_change: Callable[[], None] = lambda: None
+        self.experimenter: Experimenter | None = None
+        """Runs the ``experiment`` steps (the service sets it)."""
         self._lock = threading.RLock()
         self._dirty: set[str] = set()
         self._last_resync = 0.0
@@ -162,6 +166,12 @@ class Controller:
         owner = Owner(run.owner, run.roles)
         now = self.now_ms()
         for sr in run.steps.values():
+            experiment = sr.outputs.get("experiment", "")
+            if sr.state == "running" and experiment and self.experimenter is not None:
+                try:
+                    self.experimenter.cancel(experiment, f"pipeline run cancelled: {reason}")
+                except GantryError as exc:
+                    _log.warning("could not cancel a step's experiment", error=str(exc))
             if sr.state in ("running", "starting") and sr.job_id:
                 try:
                     self.platform.cancel_job(
@@ -262,7 +272,7 @@ class Controller:
         """Runs with a step that has no events to wait for (a rollout, a submission)."""
         run = self.get(run_id)
         return any(
-            s.state == "starting" or (s.kind == "deploy" and s.state == "running")
+            s.state == "starting" or (s.kind in ("deploy", "experiment") and s.state == "running")
             for s in run.steps.values()
         )
 
@@ -312,6 +322,9 @@ class Controller:
             if step.kind == "deploy":
                 self._deploy(run, step, sr, owner, now)
                 return
+            if step.kind == "experiment":
+                self._experiment(run, pipeline, step, sr, owner, now)
+                return
             document = job_document(pipeline, step, lambda ref: resolve(run, ref), run_id=run.id)
             request_id = f"wf-{run.id}-{step.name}-{sr.attempt}"
             job_id = self.platform.submit_job(document, request_id=request_id, owner=owner)
@@ -336,8 +349,6 @@ class Controller:
     def _deploy(self, run: Run, step: Step, sr: StepRun, owner: Owner, now: int) -> None:
         assert step.deploy is not None
         model_ref = step.deploy.model
-        from gantry.workflows.references import substitute
-
         model = str(substitute(model_ref, lambda ref: resolve(run, ref)))
         name, _, number = model.partition(":")
         version = int(number.lstrip("v") or 0)
@@ -346,6 +357,55 @@ class Controller:
         if not sr.attempts or sr.attempts[-1].number != sr.attempt:
             sr.attempts.append(Attempt(sr.attempt, "", "running", "", now))
         self._rolled(run, step, sr, rollout.deployment, version, rollout, now, first=True)
+
+    def _experiment(
+        self, run: Run, pipeline: Pipeline, step: Step, sr: StepRun, owner: Owner, now: int
+    ) -> None:
+        """Start the step's experiment (its trials' ``${trial.x}`` stay for the search)."""
+        from gantry.workflows.experiments import ExperimentSpec
+
+        if self.experimenter is None:
+            raise Unavailable("this workflows service runs no experiments")
+
+        def resolve_keeping_trials(ref: Reference) -> Any:
+            return f"${{{ref.text}}}" if ref.kind == "trial" else resolve(run, ref)
+
+        body = substitute(step.experiment or {}, resolve_keeping_trials)
+        spec = ExperimentSpec.model_validate(body)
+        name = f"{pipeline.name}-{step.name}-{run.id[-8:]}" + (
+            f"-a{sr.attempt}" if sr.attempt > 1 else ""
+        )
+        source = yaml.safe_dump(
+            {
+                "apiVersion": "gantry/v1",
+                "kind": "Experiment",
+                "metadata": {"name": name[:63].rstrip("-")},
+                "spec": body,
+            },
+            sort_keys=False,
+        )
+        self.experimenter.start(name, spec, source, owner=owner, run_id=f"{run.id}/{sr.attempt}")
+        sr.outputs = {"experiment": name}
+        if not sr.attempts or sr.attempts[-1].number != sr.attempt:
+            sr.attempts.append(Attempt(sr.attempt, "", "running", "", now))
+        self._step(run, sr, "running", f"experiment {name}", now, final=False)
+
+    def _experiment_ended(self, run: Run, sr: StepRun, now: int) -> None:
+        assert self.experimenter is not None
+        view = self.experimenter.get(sr.outputs["experiment"])
+        if not view.done:
+            return
+        best = view.best
+        if view.state != "succeeded" or best is None:
+            self._fail(run, sr, f"experiment {view.name} {view.state}: {view.reason}", now)
+            return
+        sr.outputs.update({"job": best.job_id, "trial": str(best.number)})
+        sr.metrics = dict(best.metrics)
+        if best.model:
+            sr.outputs["model"] = best.model
+            name, _, version = best.model.partition(":")
+            sr.produced = [Artifact("model", name, version)]
+        self._succeed(run, sr, view.reason, now)
 
     def _rolled(
         self,
@@ -404,6 +464,9 @@ class Controller:
                     rollout,
                     now,
                 )
+                return
+            if step.kind == "experiment":
+                self._experiment_ended(run, sr, now)
                 return
             status = self.platform.job(sr.job_id, owner=owner)
         except Unavailable:

@@ -223,6 +223,14 @@ class Experimenter:
                 _log.warning("experiment not advanced", experiment=name, error=str(exc))
         return len(names)
 
+    def knows(self, job_id: str) -> bool:
+        """Whether ``job_id`` is a trial's job."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(store.trials.c.number).where(store.trials.c.job_id == job_id)
+            ).first()
+        return row is not None
+
     def evaluation(self, job_id: str, epoch: int, metrics: Mapping[str, float]) -> bool:
         """A trial's job evaluated after ``epoch``: report the objective; prune if the pruner
         says so. False when no running trial has this job."""

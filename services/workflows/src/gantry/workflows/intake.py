@@ -1,8 +1,11 @@
-"""Event consumers (handler): job state changes from the scheduler wake the runs they touch.
+"""Event consumers (handler): job state changes wake the runs they touch; evaluations feed
+the experiments' pruners.
 
-Only ``gantry.job.state`` events from the scheduler are read, and only to learn *which* run to
-look at; what a job became is then read from the scheduler itself (the controller is
-level-triggered). A job no run knows is acknowledged and ignored.
+- JOBS ``gantry.job.state`` from the scheduler, read only to learn *which* run or experiment to
+  look at; what a job became is then read from the scheduler itself (the controllers are
+  level-triggered). A job nobody here knows is acknowledged and ignored.
+- METRICS ``gantry.metrics.job.evaluation`` from node agents: a trial's objective after an
+  epoch, reported to its study's pruner (which may stop the trial there and then).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from gantry.events import (
     Publisher,
     require_source,
 )
-from gantry.events.catalog import JobStateChanged
+from gantry.events.catalog import JobEvaluation, JobStateChanged
 from gantry.workflows.controller import Controller
+from gantry.workflows.experimenter import Experimenter
 
 SCHEDULER_SOURCE = "gantry/scheduler"
+AGENT_SOURCE = "gantry/training-agent"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -33,6 +38,7 @@ class Intake:
         self,
         bus: Bus,
         controller: Controller,
+        experimenter: Experimenter,
         publisher: Publisher,
         *,
         verifier: EventVerifier | None,
@@ -40,23 +46,35 @@ class Intake:
         wake: asyncio.Event | None = None,
     ) -> None:
         self.controller = controller
+        self.experimenter = experimenter
         self.wake = wake
         self.seen = 0
-        self.runners = [
-            ConsumerRunner(
+        self.evaluations = 0
+
+        def runner(durable: str, stream: str, subject: str, handler: object) -> ConsumerRunner:
+            return ConsumerRunner(
                 bus,
                 ConsumerSpec(
-                    durable="workflows-jobs",
-                    stream="JOBS",
-                    filter_subject="gantry.job.state",
+                    durable=durable,
+                    stream=stream,
+                    filter_subject=subject,
                     ack_wait_s=ack_wait_s,
                     batch_size=200,
                     fetch_timeout_s=0.5,
                 ),
-                self.jobs,
+                handler,  # type: ignore[arg-type]
                 publisher=publisher,
                 verifier=verifier,
             )
+
+        self.runners = [
+            runner("workflows-jobs", "JOBS", "gantry.job.state", self.jobs),
+            runner(
+                "workflows-evaluations",
+                "METRICS",
+                "gantry.metrics.job.evaluation",
+                self.evaluation,
+            ),
         ]
 
     async def jobs(self, batch: Sequence[Delivery]) -> None:
@@ -70,8 +88,18 @@ class Intake:
             if await asyncio.to_thread(self.controller.job_changed, change.job_id):
                 self.seen += 1
                 woke = True
+            elif await asyncio.to_thread(self.experimenter.knows, change.job_id):
+                woke = True
         if woke and self.wake is not None:
             self.wake.set()
+
+    async def evaluation(self, batch: Sequence[Delivery]) -> None:
+        """Report each trial's objective to its pruner, in the order they came."""
+        for delivery in batch:
+            require_source(delivery, (AGENT_SOURCE,), consumer="workflows")
+            e = JobEvaluation.model_validate(delivery.event.data)
+            if await asyncio.to_thread(self.experimenter.evaluation, e.job_id, e.epoch, e.metrics):
+                self.evaluations += 1
 
     async def run(self) -> None:
         await asyncio.gather(*(r.run() for r in self.runners))

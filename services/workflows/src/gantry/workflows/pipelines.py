@@ -49,7 +49,7 @@ from gantry.workflows.references import (
 )
 
 KINDS = ("Pipeline", "CronPipeline")
-STEP_KINDS = ("train", "data", "evaluate", "deploy")
+STEP_KINDS = ("train", "data", "evaluate", "deploy", "experiment")
 MAX_STEPS = 100
 JOB_LABELS = ("gantry.io/pipeline", "gantry.io/run", "gantry.io/step")
 _JOB_KEYS_RESERVED = ("apiVersion", "kind", "metadata")
@@ -117,7 +117,8 @@ class Deploy(_Model):
 
 
 class Step(_Model):
-    """One step: exactly one of ``train``, ``data``, ``evaluate`` or ``deploy``."""
+    """One step: exactly one of ``train``, ``data``, ``evaluate``, ``deploy`` or
+    ``experiment``."""
 
     name: str = Field(pattern=NAME_PATTERN)
     depends_on: tuple[str, ...] = Field(default=(), alias="dependsOn")
@@ -125,6 +126,7 @@ class Step(_Model):
     data: dict[str, Any] | None = None
     evaluate: dict[str, Any] | None = None
     deploy: Deploy | None = None
+    experiment: dict[str, Any] | None = None
     gate: Gate | None = None
     retries: int = Field(default=0, ge=0, le=10, description="Automatic retries on failure.")
     queue: str | None = Field(default=None, pattern=NAME_PATTERN)
@@ -353,9 +355,12 @@ def _check_steps(doc: PipelineDoc, problems: list[str]) -> None:
         kinds = [k for k in STEP_KINDS if getattr(step, k) is not None]
         if len(kinds) != 1:
             problems.append(
-                f"{at}: give exactly one of train, data, evaluate or deploy "
+                f"{at}: give exactly one of train, data, evaluate, deploy or experiment "
                 f"(found {', '.join(kinds) or 'none'})"
             )
+            continue
+        if step.kind == "experiment":
+            problems.extend(_experiment_problems(step, at, doc.metadata.name))
             continue
         body = step.body()
         if step.kind != "deploy":
@@ -382,6 +387,17 @@ def _check_steps(doc: PipelineDoc, problems: list[str]) -> None:
             g = step.gate
             if g.at_least is None and g.at_most is None:
                 problems.append(f"{at}.gate: give atLeast and/or atMost")
+
+
+def _experiment_problems(step: Step, at: str, pipeline: str) -> list[str]:
+    from gantry.workflows.experiments import ExperimentSpec, check_spec
+
+    body = step.experiment or {}
+    try:
+        spec = ExperimentSpec.model_validate(body)
+    except ValidationError as exc:
+        return [f"{at}.experiment.{p}" for p in validation_problems(exc, body)]
+    return check_spec(spec, f"{at}.experiment", job_name(pipeline, step.name))
 
 
 def _check_model_ref(text: str, where: str, problems: list[str]) -> None:
@@ -440,6 +456,10 @@ def _dependencies(doc: PipelineDoc, problems: list[str]) -> dict[str, tuple[str,
             if isinstance(ref, str):
                 problems.append(f"{place}: {ref}")
                 continue
+            if ref.kind == "trial" and step.kind != "experiment":
+                problems.append(
+                    f"{place}: ${{{ref.text}}} only means something in an experiment's trial"
+                )
             if ref.kind == "param" and ref.name not in doc.spec.params:
                 problems.append(
                     f"{place}: ${{{ref.text}}} names a parameter spec.params does not declare "
@@ -559,7 +579,7 @@ def job_name(pipeline: str, step: str) -> str:
 def _check_jobs(pipeline: Pipeline, problems: list[str]) -> None:
     params = pipeline.params
     for i, step in enumerate(pipeline.doc.spec.steps):
-        if step.kind == "deploy":
+        if step.kind in ("deploy", "experiment"):
             continue
         try:
             doc = job_document(pipeline, step, lambda ref: placeholder(ref, params), run_id="check")

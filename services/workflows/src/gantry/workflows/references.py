@@ -31,7 +31,7 @@ OUTPUTS: Mapping[str, tuple[str, ...]] = {
     "evaluate": ("job", "model", "metrics.<name>"),
     "data": ("job", "dataset", "version"),
     "deploy": ("deployment", "model", "version"),
-    "experiment": ("job", "model", "trial", "metrics.<name>"),
+    "experiment": ("job", "model", "trial", "experiment", "metrics.<name>"),
 }
 """What each kind of step outputs (``metrics.<name>``: any metric the job reported)."""
 

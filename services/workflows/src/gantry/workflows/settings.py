@@ -18,6 +18,11 @@ class WorkflowOptions(BaseModel):
         description="SQLAlchemy URL of its database; default sqlite:///<data_dir>/workflows.db. "
         "Use postgresql+psycopg://... on clusters.",
     )
+    study_database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the experiments' Optuna studies; default "
+        "sqlite:///<data_dir>/studies.db (the same PostgreSQL database on clusters is fine).",
+    )
     grpc_host: str = Field(default="127.0.0.1", description="gRPC listen address.")
     grpc_port: int = Field(default=7036, ge=0, le=65535, description="gRPC port; 0 = any free.")
     scheduler_addr: str = Field(
@@ -61,6 +66,10 @@ class WorkflowSettings(CommonSettings):
     @property
     def database_url(self) -> str:
         return self.workflows.database_url or f"sqlite:///{self.data_dir / 'workflows.db'}"
+
+    @property
+    def study_database_url(self) -> str:
+        return self.workflows.study_database_url or f"sqlite:///{self.data_dir / 'studies.db'}"
 
     @property
     def keys_dir(self) -> Path:

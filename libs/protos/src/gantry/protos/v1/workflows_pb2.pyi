@@ -5,7 +5,8 @@ The workflows service's API: pipelines (steps that train, commit data, evaluate 
 with the outputs of one step passed to the next and gates between them), cron schedules and
 the runs they make, each traced step by step with its job and lineage. Every call is
 authorised by RBAC; every run and step change is an event on the WORKFLOWS stream, which the
-audit records. The service acts on the platform as the run's owner.
+audit records. The service acts on the platform as the run's owner. Experiments search
+hyperparameters: trials are jobs, poor ones are pruned early, the best one's model is kept.
 """
 
 from collections import abc as _abc
@@ -447,15 +448,19 @@ class NameRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    reason: _builtins.str
+    """cancel: why"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -640,3 +645,280 @@ class ListRunsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class CurvePoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    value: _builtins.float
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        value: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CurvePoint: _TypeAlias = CurvePoint  # noqa: Y015
+
+@_typing.final
+class Trial(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NUMBER_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    HAS_VALUE_FIELD_NUMBER: _builtins.int
+    CURVE_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DEVICE_S_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    FINISHED_MS_FIELD_NUMBER: _builtins.int
+    number: _builtins.int
+    state: _builtins.str
+    """starting | running | succeeded | pruned | failed | cancelled"""
+    job_id: _builtins.str
+    value: _builtins.float
+    """the objective (final, or where it was pruned)"""
+    has_value: _builtins.bool
+    model: _builtins.str
+    """the model version its job registered"""
+    reason: _builtins.str
+    device_s: _builtins.float
+    """run time times devices, over its workers"""
+    started_ms: _builtins.int
+    finished_ms: _builtins.int
+    @_builtins.property
+    def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the parameters tried, as text"""
+
+    @_builtins.property
+    def curve(self) -> _containers.RepeatedCompositeFieldContainer[Global___CurvePoint]:
+        """the objective after each epoch"""
+
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """everything its job reported at the end"""
+
+    def __init__(
+        self,
+        *,
+        number: _builtins.int = ...,
+        state: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        values: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        value: _builtins.float = ...,
+        has_value: _builtins.bool = ...,
+        curve: _abc.Iterable[Global___CurvePoint] | None = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        model: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        device_s: _builtins.float = ...,
+        started_ms: _builtins.int = ...,
+        finished_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curve", b"curve", "device_s", b"device_s", "finished_ms", b"finished_ms", "has_value", b"has_value", "job_id", b"job_id", "metrics", b"metrics", "model", b"model", "number", b"number", "reason", b"reason", "started_ms", b"started_ms", "state", b"state", "value", b"value", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Trial: _TypeAlias = Trial  # noqa: Y015
+
+@_typing.final
+class Experiment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SPEC_YAML_FIELD_NUMBER: _builtins.int
+    METRIC_FIELD_NUMBER: _builtins.int
+    GOAL_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    PRUNER_FIELD_NUMBER: _builtins.int
+    BUDGET_TRIALS_FIELD_NUMBER: _builtins.int
+    BUDGET_GPU_HOURS_FIELD_NUMBER: _builtins.int
+    PARALLELISM_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    BEST_TRIAL_FIELD_NUMBER: _builtins.int
+    TRIALS_FIELD_NUMBER: _builtins.int
+    DEVICE_S_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    FINISHED_MS_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    owner: _builtins.str
+    state: _builtins.str
+    """running | succeeded | failed | cancelled"""
+    reason: _builtins.str
+    spec_yaml: _builtins.str
+    metric: _builtins.str
+    """the objective"""
+    goal: _builtins.str
+    """maximize | minimize"""
+    method: _builtins.str
+    """tpe | random"""
+    pruner: _builtins.str
+    """asha | median | hyperband | none"""
+    budget_trials: _builtins.int
+    budget_gpu_hours: _builtins.float
+    """0: none"""
+    parallelism: _builtins.int
+    run_id: _builtins.str
+    """the pipeline run that started it, if any"""
+    best_trial: _builtins.int
+    """-1: none yet"""
+    device_s: _builtins.float
+    created_ms: _builtins.int
+    finished_ms: _builtins.int
+    @_builtins.property
+    def trials(self) -> _containers.RepeatedCompositeFieldContainer[Global___Trial]: ...
+    @_builtins.property
+    def parameters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the space's dimensions, in order"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        spec_yaml: _builtins.str = ...,
+        metric: _builtins.str = ...,
+        goal: _builtins.str = ...,
+        method: _builtins.str = ...,
+        pruner: _builtins.str = ...,
+        budget_trials: _builtins.int = ...,
+        budget_gpu_hours: _builtins.float = ...,
+        parallelism: _builtins.int = ...,
+        run_id: _builtins.str = ...,
+        best_trial: _builtins.int = ...,
+        trials: _abc.Iterable[Global___Trial] | None = ...,
+        device_s: _builtins.float = ...,
+        created_ms: _builtins.int = ...,
+        finished_ms: _builtins.int = ...,
+        parameters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_trial", b"best_trial", "budget_gpu_hours", b"budget_gpu_hours", "budget_trials", b"budget_trials", "created_ms", b"created_ms", "device_s", b"device_s", "finished_ms", b"finished_ms", "goal", b"goal", "method", b"method", "metric", b"metric", "name", b"name", "owner", b"owner", "parallelism", b"parallelism", "parameters", b"parameters", "pruner", b"pruner", "reason", b"reason", "run_id", b"run_id", "spec_yaml", b"spec_yaml", "state", b"state", "trials", b"trials"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Experiment: _TypeAlias = Experiment  # noqa: Y015
+
+@_typing.final
+class SubmitExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_YAML_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    spec_yaml: _builtins.str
+    dry_run: _builtins.bool
+    """only check it"""
+    def __init__(
+        self,
+        *,
+        spec_yaml: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "spec_yaml", b"spec_yaml"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitExperimentRequest: _TypeAlias = SubmitExperimentRequest  # noqa: Y015
+
+@_typing.final
+class ListExperimentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExperimentsRequest: _TypeAlias = ListExperimentsRequest  # noqa: Y015
+
+@_typing.final
+class ListExperimentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPERIMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def experiments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Experiment]: ...
+    def __init__(
+        self,
+        *,
+        experiments: _abc.Iterable[Global___Experiment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiments", b"experiments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExperimentsResponse: _TypeAlias = ListExperimentsResponse  # noqa: Y015

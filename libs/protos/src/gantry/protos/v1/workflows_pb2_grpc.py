@@ -79,6 +79,26 @@ class WorkflowServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.RunRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Run.FromString,
                 _registered_method=True)
+        self.SubmitExperiment = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/SubmitExperiment',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.SubmitExperimentRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.GetExperiment = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/GetExperiment',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.ListExperiments = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/ListExperiments',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListExperimentsRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListExperimentsResponse.FromString,
+                _registered_method=True)
+        self.CancelExperiment = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/CancelExperiment',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -138,6 +158,30 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitExperiment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExperiment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListExperiments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelExperiment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +229,26 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.RetryRun,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.RunRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Run.SerializeToString,
+            ),
+            'SubmitExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitExperiment,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.SubmitExperimentRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.SerializeToString,
+            ),
+            'GetExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExperiment,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.SerializeToString,
+            ),
+            'ListExperiments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExperiments,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListExperimentsRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListExperimentsResponse.SerializeToString,
+            ),
+            'CancelExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelExperiment,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +494,114 @@ class WorkflowService:
             '/gantry.workflows.v1.WorkflowService/RetryRun',
             gantry_dot_protos_dot_v1_dot_workflows__pb2.RunRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_workflows__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/SubmitExperiment',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.SubmitExperimentRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/GetExperiment',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExperiments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/ListExperiments',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.ListExperimentsRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.ListExperimentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/CancelExperiment',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,8 @@ The workflows service's API: pipelines (steps that train, commit data, evaluate 
 with the outputs of one step passed to the next and gates between them), cron schedules and
 the runs they make, each traced step by step with its job and lineage. Every call is
 authorised by RBAC; every run and step change is an event on the WORKFLOWS stream, which the
-audit records. The service acts on the platform as the run's owner.
+audit records. The service acts on the platform as the run's owner. Experiments search
+hyperparameters: trials are jobs, poor ones are pruned early, the best one's model is kept.
 """
 
 from collections import abc as _abc
@@ -45,6 +46,10 @@ class WorkflowServiceStub:
     ListRuns: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.ListRunsRequest, _workflows_pb2.ListRunsResponse]
     CancelRun: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.RunRequest, _workflows_pb2.Run]
     RetryRun: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.RunRequest, _workflows_pb2.Run]
+    SubmitExperiment: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.SubmitExperimentRequest, _workflows_pb2.Experiment]
+    GetExperiment: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]
+    ListExperiments: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.ListExperimentsRequest, _workflows_pb2.ListExperimentsResponse]
+    CancelExperiment: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]
 
 @_typing.type_check_only
 class WorkflowServiceAsyncStub(WorkflowServiceStub):
@@ -58,6 +63,10 @@ class WorkflowServiceAsyncStub(WorkflowServiceStub):
     ListRuns: _aio.UnaryUnaryMultiCallable[_workflows_pb2.ListRunsRequest, _workflows_pb2.ListRunsResponse]  # type: ignore[assignment]
     CancelRun: _aio.UnaryUnaryMultiCallable[_workflows_pb2.RunRequest, _workflows_pb2.Run]  # type: ignore[assignment]
     RetryRun: _aio.UnaryUnaryMultiCallable[_workflows_pb2.RunRequest, _workflows_pb2.Run]  # type: ignore[assignment]
+    SubmitExperiment: _aio.UnaryUnaryMultiCallable[_workflows_pb2.SubmitExperimentRequest, _workflows_pb2.Experiment]  # type: ignore[assignment]
+    GetExperiment: _aio.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]  # type: ignore[assignment]
+    ListExperiments: _aio.UnaryUnaryMultiCallable[_workflows_pb2.ListExperimentsRequest, _workflows_pb2.ListExperimentsResponse]  # type: ignore[assignment]
+    CancelExperiment: _aio.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]  # type: ignore[assignment]
 
 class WorkflowServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -122,5 +131,33 @@ class WorkflowServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _workflows_pb2.RunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workflows_pb2.Run, _abc.Awaitable[_workflows_pb2.Run]]: ...
+
+    @_abc_1.abstractmethod
+    def SubmitExperiment(
+        self,
+        request: _workflows_pb2.SubmitExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.Experiment, _abc.Awaitable[_workflows_pb2.Experiment]]: ...
+
+    @_abc_1.abstractmethod
+    def GetExperiment(
+        self,
+        request: _workflows_pb2.NameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.Experiment, _abc.Awaitable[_workflows_pb2.Experiment]]: ...
+
+    @_abc_1.abstractmethod
+    def ListExperiments(
+        self,
+        request: _workflows_pb2.ListExperimentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.ListExperimentsResponse, _abc.Awaitable[_workflows_pb2.ListExperimentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelExperiment(
+        self,
+        request: _workflows_pb2.NameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.Experiment, _abc.Awaitable[_workflows_pb2.Experiment]]: ...
 
 def add_WorkflowServiceServicer_to_server(servicer: WorkflowServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -13,7 +13,7 @@ from gantry.core.runfile import grpc_address, run_file
 class ClientSettings(CommonSettings):
     """Client settings: ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``, ``GANTRY_GOVERNANCE_ADDR``,
     ``GANTRY_SCHEDULER_ADDR``, ``GANTRY_SERVING_ADDR``, ``GANTRY_PROFILER_ADDR``,
-    ``GANTRY_DATA_DIR``."""
+    ``GANTRY_WORKFLOWS_ADDR``, ``GANTRY_DATA_DIR``."""
 
     token: str | None = Field(
         default=None,
@@ -45,6 +45,12 @@ class ClientSettings(CommonSettings):
         default=None,
         description="host:port of the profiler gRPC API; default: from "
         "<data_dir>/run/profiler.json.",
+    )
+
+    workflows_addr: str | None = Field(
+        default=None,
+        description="host:port of the workflows gRPC API (pipelines and their runs); default: "
+        "from <data_dir>/run/workflows.json.",
     )
 
     def address(self, service: str) -> str:

@@ -107,6 +107,8 @@ class Deploy(_Model):
     model: str
     environment: str = "staging"
     canary: Canary = Field(default_factory=Canary)
+    max_batch_size: int = Field(default=0, ge=0, le=4096, alias="maxBatchSize")
+    max_queue_delay_us: int | None = Field(default=None, ge=0, alias="maxQueueDelayUs")
     wait_for: Literal["started", "promoted"] = Field(default="started", alias="waitFor")
     timeout_s: int = Field(default=3600, ge=1, alias="timeout")
 

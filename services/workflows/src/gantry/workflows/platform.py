@@ -176,13 +176,16 @@ class ServicePlatform:
             already = _rollout(current, version) if current is not None else None
             if already is not None and not already.rolled_back:
                 return already  # a restart after the call went through
+            # the analysis is kept with the deployment, for this canary and the next ones
             info = client.deploy(
                 model,
                 version=version,
                 name=spec.deployment,
                 environment=spec.environment,
                 canary_percent=spec.canary.percent if serving else 0,
-                canary=spec.canary.analysis() if serving else None,
+                canary=spec.canary.analysis() or None,
+                max_batch_size=spec.max_batch_size,
+                max_queue_delay_us=spec.max_queue_delay_us,
             )
         found = _rollout(info, version)
         if found is None:

@@ -38,10 +38,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit_result
-
 import numpy as np
 import torch
+from _common import emit_result
 from torch import nn
 
 from gantry.core import ManualClock
@@ -70,7 +69,11 @@ spec:
   trial:
     entrypoint:
       task: bench:task
-      args: ["lr=${{trial.lr}}", "hidden=${{trial.hidden}}", "optimizer=${{trial.optimizer}}", "batch=${{trial.batch}}"]
+      args:
+        - lr=${{trial.lr}}
+        - hidden=${{trial.hidden}}
+        - optimizer=${{trial.optimizer}}
+        - batch=${{trial.batch}}
 """
 
 
@@ -172,7 +175,9 @@ class TrainingPlatform:
         return None
 
 
-def search(method: str, pruner: str, trials: int, epochs: int, seed: int, data: Any) -> dict[str, Any]:
+def search(
+    method: str, pruner: str, trials: int, epochs: int, seed: int, data: Any
+) -> dict[str, Any]:
     """One search; its best objective, device-seconds and pruned trials."""
     with tempfile.TemporaryDirectory() as tmp:
         engine = store.connect(f"sqlite:///{tmp}/wf.db")
@@ -221,11 +226,12 @@ PIPELINE = textwrap.dedent(
 
 def pipeline_overhead(step_s: float) -> dict[str, float]:
     """Run the 4-step chain on the embedded platform; wall time and time outside the jobs."""
+    import datetime as dt
+
     from gantry.client.admin import create_token
     from gantry.client.scheduler import SchedulerClient
     from gantry.client.workflows import WorkflowsClient
     from gantry.supervisor.platform import Platform, local_agents
-    import datetime as dt
 
     command = [sys.executable, "-c", f"import time; time.sleep({step_s})"]
     steps = []

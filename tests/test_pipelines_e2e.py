@@ -128,13 +128,13 @@ def test_a_pipeline_passes_its_gate_and_deploys_a_canary(platform: Platform, ver
     produced = pre.outputs["version"]
     # lineage: the data step made a version, training used it and made a model, which the
     # evaluation read and the deploy step rolled out
-    assert [a.text() for a in pre.produced] == [f"dataset churn-features@{produced}"]
-    assert f"dataset churn@{version}" in [a.text() for a in pre.inputs]
-    assert f"dataset churn-features@{produced}" in [a.text() for a in train.inputs]
+    assert [a.text for a in pre.produced] == [f"dataset churn-features@{produced}"]
+    assert f"dataset churn@{version}" in [a.text for a in pre.inputs]
+    assert f"dataset churn-features@{produced}" in [a.text for a in train.inputs]
     model = train.outputs["model"]
     name, _, number = model.partition(":")
     assert evaluate.outputs["model"] == model
-    assert f"model {name}@{number}" in [a.text() for a in evaluate.inputs]
+    assert f"model {name}@{number}" in [a.text for a in evaluate.inputs]
     assert evaluate.metrics["accuracy"] > 0.5
     assert deploy.state == "succeeded" and deploy.outputs["version"] == number
     with ServingClient(platform.address("serving"), token) as serving:

@@ -556,6 +556,24 @@ def test_list_and_get(sched: RunningFake, gantry: Gantry, spec_file: Path) -> No
     assert missing.code == 2 and "gantry: error: job 'nope' not found" in missing.err
 
 
+def test_get_shows_what_a_job_left(sched: RunningFake, gantry: Gantry, spec_file: Path) -> None:
+    gantry("jobs", "submit", spec_file)
+    sched.service.advance("job-1", "succeeded", "all workers finished")
+    with sched.service.lock:
+        job = sched.service.jobs["job-1"]
+        job.model, job.dataset_version = "churn-classifier:4", "churn-features@5d0c3e8a1f27"
+        job.metrics.update({"accuracy": 0.85213, "eval_loss": 0.3312})
+
+    shown = gantry("jobs", "get", "job-1")
+    assert shown.code == 0
+    assert "churn-classifier:4" in shown.out
+    assert "dataset version" in shown.out and "churn-features@5d0c3e8a1f27" in shown.out
+    assert "accuracy=0.8521, eval_loss=0.3312" in shown.out
+    doc = json.loads(gantry("jobs", "get", "job-1", "--json").out)
+    assert doc["metrics"] == {"accuracy": 0.85213, "eval_loss": 0.3312}
+    assert doc["dataset_version"] == "churn-features@5d0c3e8a1f27"
+
+
 def test_watch_one_job_stops_when_it_ends_and_all_jobs_until_the_stream_ends(
     sched: RunningFake, gantry: Gantry, spec_file: Path
 ) -> None:

@@ -96,3 +96,98 @@ def test_quantities_and_durations() -> None:
     for bad in ("", "12 parsecs", True):
         with pytest.raises(ValueError):
             parse_memory_mib(bad)
+
+
+def _job(spec: str) -> str:
+    return "apiVersion: gantry/v1\nkind: TrainingJob\nmetadata: {name: j}\nspec:\n" + "".join(
+        f"  {line}\n" for line in spec.strip().splitlines()
+    )
+
+
+def test_an_evaluation_a_data_job_and_an_input_model_for_any_entrypoint_parse() -> None:
+    evaluation = parse_job(
+        _job("""
+entrypoint: {task: "churn:task", mode: evaluate}
+model: {name: churn-classifier, version: 3}
+data: [{dataset: churn, version: 63bbc8a0fad4}]
+""")
+    ).spec
+    assert evaluation.entrypoint.mode == "evaluate" and evaluation.entrypoint.kind == "task"
+    assert evaluation.model is not None
+    assert (evaluation.model.name, evaluation.model.version) == ("churn-classifier", 3)
+    assert evaluation.output is None
+
+    data_job = parse_job(
+        _job("""
+entrypoint: {transform: "gantry.training.examples.tabular:features"}
+data: [{dataset: churn, version: 63bbc8a0fad4}]
+output: {dataset: churn-features, message: cleaned}
+""")
+    ).spec
+    assert data_job.entrypoint.kind == "transform" and data_job.entrypoint.mode == "train"
+    assert data_job.output is not None
+    assert (data_job.output.dataset, data_job.output.message) == ("churn-features", "cleaned")
+
+    scripted = parse_job(
+        _job("""
+entrypoint: {command: [python, score.py]}
+model: {name: churn-classifier, version: 1}
+output: {dataset: scores}
+""")
+    ).spec
+    assert scripted.entrypoint.kind == "command" and scripted.model is not None
+    assert scripted.output is not None and scripted.output.message == ""
+    # what the scheduler sends the agents keeps the YAML names
+    dumped = scripted.model_dump(mode="json", by_alias=True)
+    assert dumped["model"] == {"name": "churn-classifier", "version": 1}
+    assert dumped["output"] == {"dataset": "scores", "message": ""}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            'entrypoint: {task: "churn:task", mode: evaluate}',
+            "spec.model: an entrypoint with mode: evaluate needs the model to evaluate",
+        ),
+        (
+            "entrypoint: {module: score, mode: evaluate}\nmodel: {name: m, version: 1}",
+            "spec.entrypoint.mode: mode 'evaluate' applies to task entrypoints only",
+        ),
+        ('entrypoint: {task: "churn:task", mode: predict}', "spec.entrypoint.mode: Input should"),
+        (
+            'entrypoint: {task: "churn:task"}\nmodel: {name: m, version: 0}',
+            "spec.model.version: Input should be greater than or equal to 1",
+        ),
+        (
+            'entrypoint: {task: "churn:task"}\nmodel: {name: m}',
+            "spec.model.version: Field required",
+        ),
+        (
+            'entrypoint: {transform: "t:f"}',
+            "spec.output: a transform entrypoint commits its table as a dataset version",
+        ),
+        (
+            'entrypoint: {transform: "t:f"}\noutput: {dataset: d}\nreplicas: 2',
+            "spec.replicas: a transform runs in one worker",
+        ),
+        (
+            'entrypoint: {task: "t:t", mode: evaluate}\nmodel: {name: m, version: 1}\nreplicas: 4',
+            "spec.replicas: an evaluation runs in one worker",
+        ),
+        ('entrypoint: {transform: "t:f"}\noutput: {dataset: ../etc}', "spec.output.dataset:"),
+        ("entrypoint: {transform: not-a-ref}\noutput: {dataset: d}", "spec.entrypoint.transform"),
+        (
+            'entrypoint: {transform: "t:f", module: m}\noutput: {dataset: d}',
+            "spec.entrypoint: give exactly one of task",
+        ),
+        (
+            'entrypoint: {task: "churn:task"}\noutput: {dataset: d, branch: main}',
+            "spec.output.branch: is not a known field",
+        ),
+    ],
+)
+def test_bad_job_kinds_are_named_with_their_field(spec: str, expected: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_job(_job(spec))
+    assert expected in str(err.value), str(err.value)

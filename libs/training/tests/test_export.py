@@ -67,11 +67,13 @@ def load_torchscript(path: Path) -> Any:
 
 def test_public_surface_is_pinned() -> None:
     assert sorted(gantry.training.export.__all__) == [
+        "FORMATS",
         "MANIFEST",
         "ModelManifest",
         "clean_metrics",
         "code_version",
         "export_model",
+        "load_exported",
         "quantize_dynamic",
     ]
 

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,18 @@ TINY_TASK = f"""
 BROKEN_TASK = """
     raise RuntimeError("tinytask cannot find its vocabulary file")
 """
+
+
+#: The same regression, not registered, with its own evaluate() (an accuracy-like metric).
+UNREGISTERED_TASK = TINY_TASK.replace(
+    '        model_name="tiny",',
+    """        model_name="tiny",
+        register=False,
+        evaluate=lambda model, ctx: {
+            "close": float((model(torch.ones(4, 8)) - 0.96).abs().lt(0.5).float().mean()),
+            "skipped": float("nan"),
+        },""",
+)
 
 
 class Worker:
@@ -142,6 +155,12 @@ class Agent:
     def start(self, reference: str = "tinytask:task", *args: str, **extra: str) -> Worker:
         return Worker(self.root, reference, args, self.environ(**extra))
 
+    def evaluate(self, model_dir: Path | None, *args: str, **extra: str) -> Worker:
+        env = {"GANTRY_MODEL_DIR": str(model_dir)} if model_dir is not None else {}
+        return Worker(
+            self.root, "--evaluate", ("tinytask:task", *args), self.environ(**env, **extra)
+        )
+
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Agent:
@@ -182,6 +201,8 @@ def test_a_task_trains_exports_and_reports_progress(agent: Agent) -> None:
     assert (manifest["artifact"], manifest["format"]) == ("model.pt2", "torch.export")
     assert set(manifest["metrics"]) == {"final_loss", "eval_loss"}
     assert 0 < manifest["metrics"]["eval_loss"] < 1
+    # the same numbers in metrics.json, which the agent reports with the job's success
+    assert json.loads((agent.output / "metrics.json").read_text()) == manifest["metrics"]
     assert manifest["code_version"].split()[-1].startswith("sha256:")
     assert manifest["signature"]["inputs"] == [{"shape": [-1, 8], "dtype": "float32"}]
     assert manifest["signature"]["generation"] == {"vocabulary": "01", "context": 8}
@@ -189,6 +210,92 @@ def test_a_task_trains_exports_and_reports_progress(agent: Agent) -> None:
     assert model(torch.randn(5, 8)).shape == (5, 1)
     # a finished run was not stopped: no stop checkpoint, so no marker
     assert not (agent.checkpoints / "step").exists()
+
+
+def test_an_unregistered_model_still_leaves_its_metrics(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, UNREGISTERED_TASK)
+    code, out, err = agent.start("tinytask:task", "epochs=1").finish()
+
+    assert code == 0, err
+    assert "finished after 8 steps: close=" in out
+    assert not (agent.output / "model.json").exists()  # register=False: nothing exported
+    metrics = json.loads((agent.output / "metrics.json").read_text())
+    assert set(metrics) == {"final_loss", "close"}  # NaN metrics are left out
+    assert 0 <= metrics["close"] <= 1 and metrics["final_loss"] > 0
+
+
+# -- evaluation: an exported model, evaluated by the task, nothing trained -----------------------
+
+
+def exported_model(directory: Path, *, torchscript: bool = False) -> torch.nn.Module:
+    """A model of the tiny task's shape, exported as a job exports it (with model.json)."""
+    from gantry.training.export import ModelManifest, export_model
+
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if torchscript:
+        directory.mkdir(parents=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(module.eval(), torch.randn(2, 8))  # type: ignore[no-untyped-call]
+            torch.jit.save(traced, str(directory / "model.ts"))
+        artifact, fmt = "model.ts", "torchscript"
+    else:
+        artifact, fmt, _ = export_model(module, torch.randn(2, 8), directory)
+    ModelManifest(name="tiny", artifact=artifact, format=fmt).write(directory)
+    return module.eval()
+
+
+def tiny_eval_loss(module: torch.nn.Module, seed: int = 0) -> float:
+    """The tiny task's eval_loss of ``module``, computed here as the runtime should."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(SAMPLES, 8, generator=g)
+    y = torch.tanh(x.sum(dim=1, keepdim=True) / 4)
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(module(x), y))
+
+
+@pytest.mark.parametrize("torchscript", [False, True], ids=["torch.export", "torchscript"])
+def test_evaluate_loads_the_exported_model_and_writes_only_metrics(
+    agent: Agent, tmp_path: Path, torchscript: bool
+) -> None:
+    module = exported_model(tmp_path / "model", torchscript=torchscript)
+    worker = agent.evaluate(tmp_path / "model")
+    code, out, err = worker.finish()
+
+    assert code == 0, err
+    assert f"evaluating model tiny ({tmp_path / 'model'}) on cpu" in out
+    assert "evaluated tiny: eval_loss=" in out
+    metrics = json.loads((agent.output / "metrics.json").read_text())
+    assert set(metrics) == {"eval_loss"}  # no final_loss: nothing was trained
+    assert metrics["eval_loss"] == pytest.approx(tiny_eval_loss(module), rel=1e-5)
+    assert not worker.of_kind("progress") and not worker.of_kind("steps")
+    assert sorted(p.name for p in agent.output.iterdir()) == ["metrics.json"]  # no model
+    assert not agent.checkpoints.exists()  # and no checkpoint
+
+
+def test_evaluate_without_a_model_or_with_a_broken_one_is_a_config_error(
+    agent: Agent, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.pt2").write_bytes(b"not a zip archive")
+    (broken / "model.json").write_text(
+        json.dumps({"name": "tiny", "artifact": "model.pt2", "format": "torch.export"})
+    )
+    workers = {
+        "unset": agent.evaluate(None),
+        "empty": agent.evaluate(tmp_path),
+        "broken": agent.evaluate(broken),
+    }
+    results = {name: w.finish() for name, w in workers.items()}
+    for name, (code, _out, err) in results.items():
+        assert code == EXIT_CONFIG, (name, err)
+        assert err.splitlines()[-1].startswith("gantry: error: "), (name, err)  # not a crash
+    assert "GANTRY_MODEL_DIR is not set" in results["unset"][2]
+    assert "holds no model.json" in results["empty"][2]
+    assert "cannot load model.pt2 of model tiny as torch.export" in results["broken"][2]
+    assert not (agent.output / "metrics.json").exists()
 
 
 # -- failures: their exit codes, started together to share the CPUs ------------------------------

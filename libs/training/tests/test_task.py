@@ -92,6 +92,7 @@ def test_public_surface_is_pinned() -> None:
         "DatasetFactory",
         "Evaluate",
         "Task",
+        "load_reference",
         "load_task",
         "options_for",
         "parse_overrides",

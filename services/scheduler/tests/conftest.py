@@ -135,6 +135,7 @@ class Agents:
     async def report(
         self, job: pb.Job, status: str, *, node: str = "", workers: list[int] | None = None,
         exit_code: int = 0, message: str = "", step: int = 0, restarts: int = 0, model: str = "",
+        metrics: dict[str, float] | None = None, dataset_version: str = "",
     ) -> None:  # fmt: skip
         """Report ``status`` for the job's workers, per node (all its nodes by default)."""
         by_node: dict[str, list[int]] = {}
@@ -155,6 +156,8 @@ class Agents:
                     step=step,
                     restarts=restarts,
                     model=model,
+                    metrics=metrics or {},
+                    dataset_version=dataset_version,
                 ),
                 job.id,
             )

@@ -15,6 +15,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
+from gantry.client.scheduler import JobInfo
 from gantry.events import EventEnvelope, Publisher
 from gantry.events.catalog import GpuDevice, JobProgress, NodeRegistered
 from gantry.protos.v1 import scheduler_pb2 as pb
@@ -276,6 +277,34 @@ async def test_the_model_a_job_registered_is_kept_on_success(sched: Running) -> 
     assert [j.model for j in listing.jobs] == ["resnet:3"]
 
 
+async def test_metrics_and_a_committed_dataset_version_are_kept_and_announced(
+    sched: Running, tap: EventTap
+) -> None:
+    await _register(sched, "gpu-1", "gpu-2", gpus=1)
+    job = await _running(sched, "prep")
+    rank0 = next(p.node for p in job.placements if p.worker == 0)
+    rank1 = next(p.node for p in job.placements if p.worker == 1)
+    await sched.agents.report(
+        job, "succeeded", node=rank0, metrics={"accuracy": 0.852, "rows": 4000.0},
+        dataset_version="churn-features@" + "ab" * 32,
+    )  # fmt: skip
+    await sched.agents.report(job, "succeeded", node=rank1)  # other nodes report no metrics
+    job = await sched.wait_state(job.id, "succeeded")
+    assert dict(job.metrics) == {"accuracy": 0.852, "rows": 4000.0}
+    assert job.dataset_version == "churn-features@" + "ab" * 32
+    listing = await sched.stub.ListJobs(pb.ListJobsRequest(), metadata=sched.md())
+    assert [dict(j.metrics) for j in listing.jobs] == [{"accuracy": 0.852, "rows": 4000.0}]
+    (done,) = await tap.wait_for("gantry.job.state", job_id=job.id, state="succeeded")
+    assert done.data["metrics"] == {"accuracy": 0.852, "rows": 4000.0}
+    assert done.data["dataset_version"] == job.dataset_version and done.data["model"] == ""
+    (running,) = tap.of("gantry.job.state", job_id=job.id, state="running")
+    assert running.data["metrics"] == {}  # only the succeeded state carries what it made
+
+    client_job = JobInfo.from_pb(job)
+    assert client_job.metrics == {"accuracy": 0.852, "rows": 4000.0}
+    assert client_job.dataset_version == job.dataset_version
+
+
 # ---------------------------------------------------------------------------------- nodes, schema
 
 
@@ -296,9 +325,11 @@ def test_a_version_1_database_is_migrated_and_its_jobs_read(
     try:
         store.migrate(db)
         with db.begin() as conn:  # back to version 1: the jobs table without the new columns
-            for column in ("progress", "restarts", "attempt_restarts", "model"):
+            for column in (
+                "progress", "restarts", "attempt_restarts", "model", "metrics", "dataset_version",
+            ):  # fmt: skip
                 conn.execute(sa.text(f"ALTER TABLE sched_jobs DROP COLUMN {column}"))
-            conn.execute(sa.text("DELETE FROM sched_schema_version WHERE version = 2"))
+            conn.execute(sa.text("DELETE FROM sched_schema_version WHERE version >= 2"))
             conn.execute(
                 sa.text(
                     "INSERT INTO sched_jobs (id, name, queue, owner, owner_roles, priority, "
@@ -316,5 +347,6 @@ def test_a_version_1_database_is_migrated_and_its_jobs_read(
         control.recover()
         old = control.get("j-old")
         assert (old.progress, old.restarts, old.model) == ({}, 0, "")
+        assert (old.metrics, old.dataset_version) == ({}, "")
     finally:
         db.dispose()

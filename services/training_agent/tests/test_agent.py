@@ -1,7 +1,8 @@
 """The node agent against a real nats-server: the test plays the scheduler's part.
 
 It publishes signed ``gantry.job.scheduled`` / ``gantry.job.stop.requested`` events and reads
-what the agent publishes through a plain subscription on ``gantry.>``.
+what the agent publishes through a plain subscription on ``gantry.>`` (the harness is in
+conftest.py).
 """
 
 from __future__ import annotations
@@ -14,37 +15,30 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 
-from gantry.core import InvalidInput, NatsSettings, new_id
-from gantry.events import Bus, EventEnvelope, Publisher
+from gantry.core import InvalidInput, new_id
+from gantry.events import Publisher
 from gantry.events.catalog import (
     JOB_SCHEDULED,
-    JOB_STOP_REQUESTED,
     DatasetUse,
-    EventData,
     JobScheduled,
-    JobStopRequested,
     WorkerPlacement,
 )
-from gantry.security.keyring import Keyring
 from gantry.supervisor import NatsServer
 from gantry.testing.agents import spawn_agent as spawn_agent_process
 from gantry.training_agent.__main__ import build_parser, inventory_from_args, main
-from gantry.training_agent.agent import CANNOT_START, SCHEDULER_SOURCE, NodeAgent
+from gantry.training_agent.agent import CANNOT_START, NodeAgent
 from gantry.training_agent.governance import Grant
-from gantry.training_agent.inventory import NodeInventory, declared_gpus
+from gantry.training_agent.inventory import NodeInventory
 from gantry.training_agent.launch import master_port, worker_command, worker_environment
-from gantry.training_agent.settings import AgentOptions, AgentSettings
 
-HEARTBEAT_S = 0.2
-NODE = "n1"
+from .conftest import HEARTBEAT_S, NODE, Env, Scheduler, Watch
 
 # -- worker scripts (run with ``python -c``) -------------------------------------------------
 
@@ -84,185 +78,6 @@ TRAIN = textwrap.dedent(
     print("done", flush=True)
     """
 )
-
-
-# -- watching the bus and playing the scheduler ----------------------------------------------
-
-
-@dataclass
-class Seen:
-    subject: str
-    headers: dict[str, str]
-    event: EventEnvelope
-    at: float
-
-
-@dataclass
-class Watch:
-    """Everything published under ``gantry.>``, as it arrives."""
-
-    seen: list[Seen] = field(default_factory=list)
-    new: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def on_msg(self, msg: Any) -> None:
-        event = EventEnvelope.from_bytes(msg.data)
-        self.seen.append(Seen(msg.subject, dict(msg.headers or {}), event, time.monotonic()))
-        self.new.set()
-
-    def of(self, subject: str, **where: Any) -> list[EventEnvelope]:
-        return [
-            s.event
-            for s in self.seen
-            if s.subject == subject and all(s.event.data.get(k) == v for k, v in where.items())
-        ]
-
-    def reports(self, job_id: str) -> list[dict[str, Any]]:
-        return [e.data for e in self.of("gantry.job.workers", job_id=job_id)]
-
-    def statuses(self, job_id: str) -> list[str]:
-        return [r["status"] for r in self.reports(job_id)]
-
-    def log_lines(self, job_id: str, stream: str = "stdout") -> list[str]:
-        return [
-            line for e in self.of("gantry.log.job", job_id=job_id, stream=stream)
-            for line in e.data["lines"]
-        ]  # fmt: skip
-
-    async def until(
-        self, subject: str, n: int = 1, *, wait_s: float = 10.0, **where: Any
-    ) -> list[EventEnvelope]:
-        async with asyncio.timeout(wait_s):
-            while len(found := self.of(subject, **where)) < n:
-                self.new.clear()
-                await self.new.wait()
-        return found
-
-    async def report(self, job_id: str, status: str, *, wait_s: float = 10.0) -> dict[str, Any]:
-        return (
-            await self.until("gantry.job.workers", job_id=job_id, status=status, wait_s=wait_s)
-        )[0].data
-
-
-@dataclass
-class Scheduler:
-    """Publishes what the scheduler would, signed with its service key."""
-
-    bus: Bus
-    keyring: Keyring
-
-    def envelope(
-        self, type_: str, data: EventData, source: str = SCHEDULER_SOURCE
-    ) -> EventEnvelope:
-        return EventEnvelope(
-            type=type_, source=source, actor="svc-scheduler", data=data.model_dump(mode="json")
-        )
-
-    async def publish(self, event: EventEnvelope, signer: Any = "scheduler") -> None:
-        key = self.keyring.service_key(signer) if isinstance(signer, str) else signer
-        await Publisher(self.bus, signer=key).publish(event)
-
-    def job(
-        self,
-        script: str,
-        *,
-        job_id: str | None = None,
-        workers: int = 1,
-        elsewhere: int = 0,
-        attempt: int = 1,
-        resume: bool = False,
-        node: str = NODE,
-    ) -> JobScheduled:
-        placements = [
-            WorkerPlacement(worker=r, node=node, gpus=[(r, 1000)]) for r in range(workers)
-        ] + [WorkerPlacement(worker=workers + r, node="n-other") for r in range(elsewhere)]
-        return JobScheduled(
-            job_id=job_id or new_id(),
-            attempt=attempt,
-            resume=resume,
-            nodes=sorted({p.node for p in placements}),
-            placements=placements,
-            spec={"entrypoint": {"command": [sys.executable, "-c", script]}},
-        )
-
-    async def schedule(self, job: JobScheduled, **kw: Any) -> EventEnvelope:
-        event = self.envelope(JOB_SCHEDULED.type, job, **kw)
-        await self.publish(event)
-        return event
-
-    async def stop(self, job: JobScheduled, *, grace_s: float = 5.0, **kw: Any) -> None:
-        request = JobStopRequested(
-            job_id=job.job_id, attempt=job.attempt, reason="preempted", grace_s=grace_s, **kw
-        )
-        await self.publish(self.envelope(JOB_STOP_REQUESTED.type, request))
-
-
-@dataclass
-class Env:
-    data_dir: Path
-    nats_url: str
-    keyring: Keyring
-    watch: Watch
-    scheduler: Scheduler
-
-    def settings(self) -> AgentSettings:
-        return AgentSettings(
-            data_dir=self.data_dir,
-            nats=NatsSettings(url=self.nats_url, reconnect_wait_s=0.1),
-            agent=AgentOptions(
-                heartbeat_s=HEARTBEAT_S,
-                log_flush_s=0.1,
-                shutdown_grace_s=5,
-                progress_interval_s=0.2,
-                restart_backoff_s=0.2,
-            ),
-        )
-
-    def checkpoint_dir(self, job: JobScheduled) -> Path:
-        return self.settings().checkpoint_root / job.job_id
-
-
-@pytest.fixture
-async def env(tmp_path: Path, nats_url: str) -> AsyncIterator[Env]:
-    """Keys, the streams, a watch on the bus and the scheduler's publisher."""
-    data_dir = tmp_path / "data"
-    keyring = Keyring(data_dir / "keys")
-    keyring.service_key("scheduler")
-    watch = Watch()
-    nc = await nats.connect(nats_url, reconnect_time_wait=0.1)
-    await nc.subscribe("gantry.>", cb=watch.on_msg)
-    await nc.flush()
-    bus = await Bus.connect(NatsSettings(url=nats_url, reconnect_wait_s=0.1), name="scheduler")
-    await bus.ensure_streams()
-    try:
-        yield Env(data_dir, nats_url, keyring, watch, Scheduler(bus, keyring))
-    finally:
-        await bus.close()
-        await nc.close()
-
-
-@pytest.fixture
-async def agent(env: Env) -> AsyncIterator[NodeAgent]:
-    """An agent for node n1 (8 CPUs, 16 GiB, two declared A100s) in this event loop."""
-    inventory = NodeInventory(
-        node=NODE,
-        pool="onprem",
-        cpu_milli=8000,
-        memory_mib=16384,
-        gpus=declared_gpus(2, "A100", 81920),
-        labels={"rack": "r1"},
-    )
-    node = NodeAgent(env.settings(), inventory, keyring=env.keyring)
-    task = asyncio.create_task(node.run())
-    async with asyncio.timeout(10):
-        while not node.ready.is_set():
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.02)
-    try:
-        yield node
-    finally:
-        node.stop()
-        await asyncio.wait_for(task, 20)
 
 
 # -- registration and heartbeats -------------------------------------------------------------
@@ -339,6 +154,62 @@ async def test_runs_the_workers_placed_here_and_reports_success(env: Env, agent:
     [report] = env.watch.of("gantry.job.workers", job_id=job.job_id, status="succeeded")
     assert report.causation_id == scheduled.id
     assert report.correlation_id == scheduled.correlation_id
+
+
+#: Writes $GANTRY_OUTPUT_DIR/metrics.json from its argument, as any entrypoint may.
+WRITES_METRICS = textwrap.dedent(
+    """
+    import os, pathlib, sys
+    out = pathlib.Path(os.environ["GANTRY_OUTPUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(sys.argv[1])
+    print("model dir:", os.environ.get("GANTRY_MODEL_DIR", "none"))
+    """
+)
+
+
+async def test_the_metrics_rank_0_wrote_come_with_success_and_a_bad_file_is_only_noted(
+    env: Env, agent: NodeAgent
+) -> None:
+    good = env.scheduler.job(WRITES_METRICS)
+    good = good.model_copy(update={"spec": {"entrypoint": {
+        "command": [sys.executable, "-c", WRITES_METRICS], "args": ['{"auc": 0.91, "rows": 3}'],
+    }}})  # fmt: skip
+    bad = good.model_copy(update={"job_id": new_id(), "spec": {"entrypoint": {
+        "command": [sys.executable, "-c", WRITES_METRICS], "args": ['{"auc": "high"}'],
+    }}})  # fmt: skip
+    await env.scheduler.schedule(good)
+    await env.scheduler.schedule(bad)
+
+    reported = await env.watch.report(good.job_id, "succeeded")
+    assert reported["metrics"] == {"auc": 0.91, "rows": 3.0}
+    assert "model dir: none" in env.watch.log_lines(good.job_id)  # no spec.model
+    ignored = await env.watch.report(bad.job_id, "succeeded")  # a bad file fails nothing
+    assert ignored["metrics"] == {}
+    notes = env.watch.log_lines(bad.job_id, "gantry")
+    assert any(
+        "metrics not reported:" in n and "metric 'auc' is 'high', not a number" in n for n in notes
+    ), notes
+
+
+async def test_an_output_without_governance_fails_the_job_and_keeps_the_files(
+    env: Env, agent: NodeAgent
+) -> None:
+    script = (
+        "import os, pathlib; d = pathlib.Path(os.environ['GANTRY_OUTPUT_DIR']) / 'dataset'; "
+        "d.mkdir(parents=True); (d / 'part.parquet').write_bytes(b'PAR1')"
+    )
+    job = env.scheduler.job(script).model_copy(update={"spec": {
+        "entrypoint": {"command": [sys.executable, "-c", script]},
+        "output": {"dataset": "scores"},
+    }})  # fmt: skip
+    await env.scheduler.schedule(job)
+    failed = await env.watch.report(job.job_id, "failed")
+    kept = env.checkpoint_dir(job) / "output-1" / "dataset"
+    assert failed["exit_code"] == 0  # the workers succeeded; their output did not land
+    assert "its output was not committed to scores: no governance service" in failed["message"]
+    assert f"the files are kept in {kept}" in failed["message"]
+    assert (kept / "part.parquet").is_file()
 
 
 async def test_a_failing_worker_fails_the_node_and_its_siblings_are_killed(
@@ -441,7 +312,7 @@ def test_worker_environment_without_an_agent(tmp_path: Path) -> None:
         output_dir=tmp_path / "out",
         resume=job.resume,
         cuda_mps=True,
-        base={"PATH": "/bin", "GANTRY_RESUME": "stale"},
+        base={"PATH": "/bin", "GANTRY_RESUME": "stale", "GANTRY_MODEL_DIR": "/stale"},
     )
     assert env["GANTRY_RESUME"] == "1"
     assert env["GANTRY_JOB_ID"] == "j-1" and env["GANTRY_ATTEMPT"] == "3"
@@ -464,9 +335,11 @@ def test_worker_environment_without_an_agent(tmp_path: Path) -> None:
         output_dir=tmp_path / "out",
         resume=False,
         restarts=1,
-        base={"GANTRY_RESUME": "stale"},
+        model_dir=tmp_path / "model",
+        base={"GANTRY_RESUME": "stale", "GANTRY_MODEL_DIR": "/stale"},
     )
-    assert "GANTRY_RESUME" not in first
+    assert first["GANTRY_MODEL_DIR"] == str(tmp_path / "model")  # the job's input model
+    assert "GANTRY_MODEL_DIR" not in env  # none: none inherited either
     assert first["CUDA_VISIBLE_DEVICES"] == "2,3" and first["GANTRY_GPU_MILLI"] == "2000"
     assert "GANTRY_GPU_MEMORY_FRACTION" not in first  # whole GPUs: no cap
     assert first["MASTER_ADDR"] == "10.0.0.5"
@@ -488,8 +361,18 @@ def test_worker_command_from_the_spec() -> None:
         "my_job:task",
         "epochs=2",
     ]
-    with pytest.raises(Exception, match="exactly one of task, module or command"):
+    evaluate = {"entrypoint": {"task": "my_job:task", "mode": "evaluate", "args": ["seed=1"]}}
+    assert worker_command(evaluate) == [
+        sys.executable, "-m", "gantry.training.run", "--evaluate", "my_job:task", "seed=1",
+    ]  # fmt: skip
+    transform = {"entrypoint": {"transform": "prep:clean", "args": ["min=3"], "mode": "train"}}
+    assert worker_command(transform) == [
+        sys.executable, "-m", "gantry.training.transform", "prep:clean", "min=3",
+    ]  # fmt: skip
+    with pytest.raises(Exception, match="exactly one of task, transform, module or command"):
         worker_command({"entrypoint": {"module": "a", "command": ["b"]}})
+    with pytest.raises(Exception, match="exactly one of task, transform, module or command"):
+        worker_command({"entrypoint": {"task": "a:b", "transform": "c:d"}})
     with pytest.raises(Exception, match="no entrypoint"):
         worker_command({})
 

@@ -106,7 +106,9 @@ class JobInfo:
     is still pending. ``progress`` is None until the training reported how far it is;
     ``restarts`` counts the times node agents restarted crashed workers from a checkpoint
     (the job ran on); ``model`` is the model version a successful job registered
-    (``name:version``).
+    (``name:version``), ``metrics`` the numbers its rank 0 wrote (``metrics.json``: the
+    training's final metrics, an evaluation's results) and ``dataset_version`` the version a
+    data job committed (``dataset@version``).
     """
 
     id: str
@@ -134,6 +136,8 @@ class JobInfo:
     progress: JobProgress | None = None
     restarts: int = 0
     model: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    dataset_version: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -177,6 +181,8 @@ class JobInfo:
             else None,
             restarts=m.restarts,
             model=m.model,
+            metrics=dict(m.metrics),
+            dataset_version=m.dataset_version,
         )
 
 

@@ -59,6 +59,7 @@ from gantry.client.demo_data import (
 )
 from gantry.client.demo_jobs import AGENTS, SCHEDULER_ENV, JobsSummary, jobs_story
 from gantry.client.demo_profiler import ProfilerSummary, profiler_story
+from gantry.client.demo_serving import CANARY as SERVING_CANARY
 from gantry.client.demo_serving import MODEL as SERVED_MODEL
 from gantry.client.demo_serving import ServingSummary, serving_story
 from gantry.client.demo_training import TrainingSummary, training_story
@@ -205,8 +206,8 @@ def run(
     )
     try:
         with steps.step(
-            f"platform started (NATS; audit, governance, scheduler, serving and profiler services; "
-            f"{len(AGENTS)} node agents)"
+            "platform started (NATS; audit, governance, scheduler, serving, profiler and "
+            f"workflows services; {len(AGENTS)} node agents)"
         ):
             platform.start(timeout_s=60)
         summary.data = governance_story(
@@ -227,9 +228,11 @@ def run(
         summary.training = training_story(
             platform.address("scheduler"),
             platform.address("governance"),
+            platform.address("workflows"),
             data_dir,
             steps.step,
             console,
+            canary=SERVING_CANARY,
         )
         model = summary.training.model
         rest_url = run_info(data_dir, "serving", "http")
@@ -244,6 +247,7 @@ def run(
             steps.step,
             console,
             model=model,
+            deployed=summary.training.deployed,
         )
         summary.profiler = profiler_story(
             platform.address("scheduler"),

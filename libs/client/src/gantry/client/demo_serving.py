@@ -1,9 +1,10 @@
 """The demo's serving chapter: the model trained in the demo goes live, a second version goes
 out as a canary and is promoted, a broken third one is rolled back automatically.
 
-1. ``dev-engineer`` deploys ``churn-classifier`` v1 (the model the training chapter registered)
-   to staging, with dynamic batching; the service fetches it from the registry (decrypted and
-   digest-checked), loads and warms it up before it answers.
+1. ``churn-classifier`` v1 (the model the training chapter registered) is live in staging,
+   deployed by the release pipeline's gated ``release`` step with dynamic batching (or, when
+   the chapter runs on its own, by ``dev-engineer``); the service fetched it from the registry
+   (decrypted and digest-checked), loaded and warmed it up before it answered.
 2. ``churn-app`` (role ``model-consumer``) scores customers over REST with the Open Inference
    Protocol's JSON, exactly as ``curl`` would, and over gRPC.
 3. ``dev-engineer`` registers v2 — v1's weights quantised to INT8 for serving, with v1's lineage —
@@ -88,6 +89,7 @@ def serving_story(
     console: Console,
     *,
     model: ModelVersion,
+    deployed: bool = False,
 ) -> ServingSummary:
     """Run the chapter; raise :class:`~gantry.core.GantryError` on any surprise."""
     from gantry.training.examples.tabular import FEATURES, churn_table
@@ -100,11 +102,20 @@ def serving_story(
     features = np.stack([table.column(f).to_numpy().astype(np.float32) for f in FEATURES], 1)
 
     with ServingClient(serving_addr, dev) as serving:
-        with step(f"{DEVELOPER} deployed {MODEL} v{model.version} (staging, batches up to 16)"):
-            serving.deploy(
-                MODEL, version=model.version, max_batch_size=16, max_queue_delay_us=2000,
-                canary=CANARY,
-            )  # fmt: skip
+        if deployed:
+            with step(
+                f"the pipeline's release step deployed {MODEL} v{model.version} "
+                "(staging, batches up to 16)"
+            ):
+                live = serving.get(MODEL)
+                if model.version not in live.weights():
+                    raise Unavailable(f"{MODEL} v{model.version} is not live: {live.versions}")
+        else:
+            with step(f"{DEVELOPER} deployed {MODEL} v{model.version} (staging, batches up to 16)"):
+                serving.deploy(
+                    MODEL, version=model.version, max_batch_size=16, max_queue_delay_us=2000,
+                    canary=CANARY,
+                )  # fmt: skip
         with step(f"{APP} scored 4 customers over REST (Open Inference Protocol JSON)"):
             body = {
                 "id": "demo-1",

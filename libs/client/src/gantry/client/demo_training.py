@@ -1,17 +1,22 @@
-"""The demo's training chapter: a real model trained on governed data, preempted, resumed,
-registered with lineage.
+"""The demo's training chapter: a release pipeline that trains a real model on governed data
+(preempted and resumed on the way), evaluates it and deploys it only if it is good enough.
 
 1. The data steward registers ``churn`` (a CRM-like table with personal data, the example
    :mod:`gantry.training.examples.tabular` trains on), uploads it and sets its view policy.
-2. ``dev-engineer`` submits ``churn-model``: the example task on 2 workers (DDP over gloo),
-   reading ``churn`` de-identified through the job's grant, low priority, checkpointing every
-   2 s. Its workers train for real; their progress is shown as it arrives.
+2. ``dev-engineer`` submits the pipeline ``churn`` (:func:`pipeline_yaml`): ``model`` trains,
+   ``evaluate`` measures the registered model on held-out customers, ``release`` deploys it as
+   ``churn-classifier`` through serving — gated on the evaluation's accuracy. The run's first
+   step is the job ``churn-model``: the example task on 2 workers (DDP over gloo), reading
+   ``churn`` de-identified through the job's grant, low priority, checkpointing every 2 s. Its
+   workers train for real; their progress is shown as it arrives.
 3. ``rita-researcher`` submits the high-priority ``urgent-eval`` that needs the trusted node's
    4 GPUs: ``churn-model`` checkpoints (SIGTERM at a step boundary), goes back to the queue,
    and resumes from its checkpoint once ``urgent-eval`` is done.
 4. ``churn-model`` finishes; its node agent registers the exported model in the governance
    registry, with the job, the dataset version, the code version and the held-out accuracy as
    lineage; the demo reads it back from the registry.
+5. The pipeline goes on by itself: ``evaluate`` scores the model, the gate opens, ``release``
+   deploys it (the serving chapter takes it from there).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import datetime as dt
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +44,15 @@ from gantry.client.governance import GovernanceClient
 from gantry.client.model_registry import ModelVersion
 from gantry.client.scheduler import JobInfo, SchedulerClient
 from gantry.client.specs import ColumnRule, ColumnSpec
+from gantry.client.workflows import RunInfo, WorkflowsClient
 from gantry.core import IntegrityError, Unavailable
 
 TASK = "gantry.training.examples.tabular:task"
+PIPELINE = "churn"
 JOB = "churn-model"
+"""The pipeline's training step's job (``<pipeline>-<step>``)."""
+DEPLOYMENT = "churn-classifier"
+MIN_ACCURACY = 0.7
 ROWS = 4_000
 #: Longest wait for one step of the chapter: the run is 1,500 steps, about 15 s on 2 idle cores
 #: but minutes on a busy machine.
@@ -68,6 +78,9 @@ class TrainingSummary:
     attempts: int = 0
     model: ModelVersion | None = None
     lines: list[str] = field(default_factory=list)
+    run: RunInfo | None = None
+    accuracy: float = 0.0
+    deployed: bool = False
 
 
 def churn_columns() -> list[ColumnSpec]:
@@ -99,6 +112,61 @@ def job_yaml(name: str, *, version: str, epochs: int) -> str:
     return yaml.safe_dump(doc, sort_keys=False, width=1000)
 
 
+def pipeline_yaml(*, version: str, epochs: int, canary: Mapping[str, float]) -> str:
+    """``churn``: train (``model``, the same job as :func:`job_yaml`), evaluate, release."""
+    train = yaml.safe_load(job_yaml(JOB, version=version, epochs=epochs))["spec"]
+    analysis = {
+        "stepPercent": int(canary.get("step_percent", 0)),
+        "maxPercent": int(canary.get("max_percent", 0)),
+        "interval": float(canary.get("interval_s", 0)),
+        "failureThreshold": int(canary.get("failure_threshold", 0)),
+        "minRequests": int(canary.get("min_requests", 0)),
+        "minSuccessRate": float(canary.get("min_success_rate", 0)),
+        "maxP99Ms": float(canary.get("max_p99_ms", 0)),
+    }
+    doc = {
+        "apiVersion": "gantry/v1",
+        "kind": "Pipeline",
+        "metadata": {
+            "name": PIPELINE,
+            "description": "train the churn model, evaluate it, release it if good enough",
+        },
+        "spec": {
+            "queue": QUEUE,
+            "params": {"min_accuracy": MIN_ACCURACY},
+            "steps": [
+                {"name": "model", "priority": "low", "train": train},
+                {
+                    "name": "evaluate",
+                    "evaluate": {
+                        "model": "${steps.model.outputs.model}",
+                        "resources": {"cpus": 1, "memory": "1Gi"},
+                        "entrypoint": {"task": TASK},
+                        "data": [{"dataset": "churn", "version": version, "view": "deidentified"}],
+                        "maxRuntime": "10m",
+                    },
+                },
+                {
+                    "name": "release",
+                    "gate": {
+                        "metric": "${steps.evaluate.outputs.metrics.accuracy}",
+                        "atLeast": "${params.min_accuracy}",
+                    },
+                    "deploy": {
+                        "deployment": DEPLOYMENT,
+                        "model": "${steps.evaluate.outputs.model}",
+                        "environment": "staging",
+                        "maxBatchSize": 16,
+                        "maxQueueDelayUs": 2000,
+                        "canary": {"percent": 20, **{k: v for k, v in analysis.items() if v}},
+                    },
+                },
+            ],
+        },
+    }
+    return yaml.safe_dump(doc, sort_keys=False, width=1000)
+
+
 def urgent_yaml(version: str) -> str:
     """``urgent-eval``: high priority, all 4 GPUs of the trusted node (it reads churn too)."""
     doc = {
@@ -119,11 +187,13 @@ def urgent_yaml(version: str) -> str:
 def training_story(
     scheduler_addr: str,
     governance_addr: str,
+    workflows_addr: str,
     data_dir: Path,
     step: Callable[[str], contextlib.AbstractContextManager[None]],
     console: Console,
     *,
     epochs: int = 60,
+    canary: Mapping[str, float] | None = None,
 ) -> TrainingSummary:
     """Run the chapter; raise :class:`~gantry.core.GantryError` on any surprise."""
     from gantry.training.examples.tabular import churn_table
@@ -134,8 +204,9 @@ def training_story(
     dev_token = create_token(data_dir, DEVELOPER, ["ml-developer"], hour)
     rita_token = create_token(data_dir, RESEARCHER, ["ml-developer"], hour)
     console.print(
-        "[bold]Training for real[/] — the tabular example on 2 workers, on governed data, "
-        "preempted and resumed, registered with lineage"
+        "[bold]Training for real, as a release pipeline[/] — the tabular example on 2 workers, "
+        "on governed data, preempted and resumed, registered with lineage, evaluated, and "
+        "deployed only if good enough"
     )
     with (
         GovernanceClient(governance_addr, steward_token) as steward,
@@ -152,8 +223,18 @@ def training_story(
         SchedulerClient(scheduler_addr, dev_token, timeout_s=10, stream_timeout_s=10) as dev,
         SchedulerClient(scheduler_addr, rita_token, timeout_s=10, stream_timeout_s=10) as rita,
     ):
-        with step(f"{DEVELOPER} submitted {JOB}: task {TASK}, 2 workers, low priority"):
-            job = dev.submit(job_yaml(JOB, version=version.id, epochs=epochs)).job
+        with (
+            WorkflowsClient(workflows_addr, dev_token) as wf,
+            step(
+                f"{DEVELOPER} started pipeline {PIPELINE}: model → evaluate → release "
+                f"(deployed only if accuracy ≥ {MIN_ACCURACY})"
+            ),
+        ):
+            wf.submit(pipeline_yaml(version=version.id, epochs=epochs, canary=canary or {}))
+            run = wf.start(PIPELINE).run
+            job = dev.get(_step_job(wf, run.id, "model"))
+        with step(f"its first step submitted {JOB}: task {TASK}, 2 workers, low priority"):
+            pass
         # preempt as soon as it trains: on an idle machine the whole run takes seconds
         seen = _wait(dev, job.id, console, "training to start", lambda j: _step(j) >= 1)
         with step(f"{JOB} trains on 2 workers (step {_step(seen)}, loss {_loss(seen)})"):
@@ -208,7 +289,59 @@ def training_story(
     console.print(model_table(summary))
     for line in [ln for ln in summary.lines if "resume" in ln or "finished after" in ln][:6]:
         console.print(f"  {escape(line)}", highlight=False)
+    with WorkflowsClient(workflows_addr, dev_token) as wf:
+        done = wf.wait(run.id, timeout_s=WAIT_S)
+        summary.run = done
+        evaluated = done.step("evaluate")
+        summary.accuracy = evaluated.metrics.get("accuracy", 0.0)
+        release = done.step("release")
+        summary.deployed = release.state == "succeeded"
+        if done.state != "succeeded" or not summary.deployed:
+            raise IntegrityError(
+                f"pipeline {PIPELINE} run {done.id} {done.state}: {done.reason} "
+                f"(release: {release.state}, {release.reason})"
+            )
+        with step(
+            f"evaluate scored {model.name} v{model.version} on held-out customers: accuracy "
+            f"{summary.accuracy:.3f}; the gate opened ({release.reason or 'deployed'})"
+        ):
+            pass
+        console.print(run_table(done))
     return summary
+
+
+def _step_job(wf: WorkflowsClient, run_id: str, step: str) -> str:
+    """The job of ``step`` in run ``run_id``, once the pipeline has submitted it."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        run = wf.run(run_id)
+        found = run.step(step)
+        if found.job_id:
+            return found.job_id
+        if run.done or found.state in ("failed", "skipped"):
+            raise IntegrityError(f"pipeline run {run_id} {run.state}: {run.reason}")
+        if time.monotonic() > deadline:
+            raise Unavailable(f"timed out waiting for the pipeline to submit step {step}")
+        time.sleep(0.2)
+
+
+def run_table(run: RunInfo) -> Table:
+    """The pipeline run: each step, its state and what it used and made."""
+    table = Table(
+        title=f"pipeline {run.pipeline} run {run.id[:13]}…: {run.state}", title_justify="left"
+    )
+    for col in ("step", "state", "job", "used", "made", "why"):
+        table.add_column(col)
+    for s in run.steps:
+        table.add_row(
+            s.name,
+            s.state,
+            s.job_id[:13],
+            escape(", ".join(a.text for a in s.inputs)),
+            escape(", ".join(a.text for a in s.produced)),
+            escape(s.reason[:60]),
+        )
+    return table
 
 
 def model_table(summary: TrainingSummary) -> Table:
@@ -299,4 +432,11 @@ def _wait(
             time.sleep(0.3)
 
 
-__all__ = ["TrainingSummary", "job_yaml", "model_table", "training_story"]
+__all__ = [
+    "TrainingSummary",
+    "job_yaml",
+    "model_table",
+    "pipeline_yaml",
+    "run_table",
+    "training_story",
+]

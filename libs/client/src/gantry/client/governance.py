@@ -128,6 +128,7 @@ class DataClient(GovernanceConnection):
         shard_bytes: int = 0,
         progress: Progress | None = None,
         fragment_bytes: int = CHUNK_BYTES,
+        job_id: str = "",
     ) -> UploadResult:
         """Upload rows from a .csv / .parquet file or a pyarrow Table as one Arrow IPC stream.
 
@@ -135,6 +136,8 @@ class DataClient(GovernanceConnection):
         :func:`gantry.client.tables.open_table_file`). ``shard_bytes`` asks the service for
         shards of about that size (0: its default). ``progress`` receives file bytes read for
         a file, Arrow stream bytes sent for a Table. Nothing is visible until committed.
+        ``job_id``: a service (a node agent) uploads a job's ``spec.output`` for the job's
+        owner (see :meth:`commit`).
         """
         if shard_bytes < 0:
             raise InvalidInput(f"shard_bytes must be 0 or more, not {shard_bytes}")
@@ -157,7 +160,9 @@ class DataClient(GovernanceConnection):
             batches = _counted(opened.batches(), progress)
 
         def messages() -> Iterator[pb.UploadRequest]:
-            start = pb.UploadStart(dataset=dataset, source_format="arrow", shard_bytes=shard_bytes)
+            start = pb.UploadStart(
+                dataset=dataset, source_format="arrow", shard_bytes=shard_bytes, job_id=job_id
+            )
             yield pb.UploadRequest(start=start)
             for fragment in encode_arrow_stream(schema, batches, fragment_bytes):
                 yield pb.UploadRequest(arrow_ipc=fragment)
@@ -208,11 +213,15 @@ class DataClient(GovernanceConnection):
         *,
         parent: str = "",
         append: bool = False,
+        job_id: str = "",
     ) -> Version:
         """Make uploads a new version.
 
         It replaces the parent's content, or adds to it with ``append``. ``parent`` is the head
         you expect (the commit is refused if another one landed first); "" means the current.
+        ``job_id``: a service (a node agent) commits only a job's ``spec.output``, for a job
+        the scheduler placed whose owner may update the dataset; the version's author is the
+        owner, its message names the job, and lineage links the job's inputs to it.
         """
         if not upload_ids:
             raise InvalidInput("nothing to commit: give at least one upload id")
@@ -224,6 +233,7 @@ class DataClient(GovernanceConnection):
             message=message,
             parent=parent,
             append=append,
+            job_id=job_id,
         )
         return Version.from_pb(self._call("Commit", request))
 

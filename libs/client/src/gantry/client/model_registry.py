@@ -155,11 +155,14 @@ class ModelsClient(GovernanceConnection):
         *,
         version: int = 0,
         progress: Progress | None = None,
+        job_id: str = "",
     ) -> ModelVersion:
         """Download a model version's artifact to ``dest_path``; the version downloaded.
 
         The file appears only once complete and matching the registered sha256; an existing
         file at ``dest_path`` is replaced then. ``progress`` receives bytes received.
+        ``job_id``: a service (a node agent) downloads for a job the scheduler placed whose
+        ``spec.model`` is this version, and only when the job's owner may read models.
         """
         dest = Path(dest_path)
         if dest.is_dir():
@@ -168,7 +171,7 @@ class ModelsClient(GovernanceConnection):
             )
         part = PartFile(dest)
         try:
-            info, digest, size = self._receive_model(name, version, part, progress)
+            info, digest, size = self._receive_model(name, version, part, progress, job_id)
             _check_artifact(info, digest, size, "downloaded")
             part.finish()
         finally:
@@ -176,9 +179,9 @@ class ModelsClient(GovernanceConnection):
         return info
 
     def _receive_model(
-        self, name: str, version: int, sink: PartFile, progress: Progress | None
+        self, name: str, version: int, sink: PartFile, progress: Progress | None, job_id: str = ""
     ) -> tuple[ModelVersion, str, int]:
-        request = pb.GetModelRequest(name=name, version=version)
+        request = pb.GetModelRequest(name=name, version=version, job_id=job_id)
         info: ModelVersion | None = None
         digest = hashlib.sha256()
         size = 0

@@ -12,8 +12,14 @@
       topology: pack           # pack | spread | same-node
       entrypoint: {module: train, args: [--epochs, "3"]}
       data: [{dataset: customers, version: 3f2a9c81d0e4, view: deidentified}]
+      model: {name: churn-classifier, version: 3}   # an input model ($GANTRY_MODEL_DIR)
+      output: {dataset: customers-clean}            # commit a dataset version
       training: {precision: bf16, checkpointInterval: 10m}
       maxRuntime: 24h
+
+Three kinds of job share the shape: training (``entrypoint.task``, ``module`` or ``command``),
+evaluation (``entrypoint: {task: ..., mode: evaluate}`` with ``model``) and data jobs
+(``entrypoint.transform``, or any entrypoint, with ``output``).
 
 :func:`parse_job` validates everything at once and raises :class:`~gantry.core.InvalidInput`
 listing every problem as ``<path>: <what is wrong> (<what is allowed>)``.
@@ -36,6 +42,9 @@ MAX_GPUS_PER_WORKER = 16
 MILLI = 1000
 
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_REFERENCE = r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+#: Governance's dataset names: path segments in its storage.
+_DATASET = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
 _QUANTITY = re.compile(r"(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|K|M|G|T|k)?")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
@@ -86,6 +95,15 @@ def parse_duration_s(value: Any) -> int:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class _At(ValueError):
+    """A cross-field problem found by a model validator, at ``path`` below the model (pydantic
+    would report it at the model itself); :func:`parse_job` adds the path."""
+
+    def __init__(self, path: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class Topology(StrEnum):
@@ -187,26 +205,51 @@ class Resources(_Model):
 
 
 class Entrypoint(_Model):
-    """What the workers run: a Gantry training task, a Python module or a command.
+    """What the workers run: a Gantry training task, a data transform, a Python module or a
+    command.
 
     ``task`` ("module:attribute", a :class:`gantry.training.Task`) runs under the training
-    runtime, which reads ``args`` as ``key=value`` task options; ``module`` and ``command``
-    run as they are, with ``args`` appended.
+    runtime, which reads ``args`` as ``key=value`` task options; with ``mode: evaluate`` it
+    evaluates the job's input ``model`` instead of training. ``transform`` ("module:function",
+    a function of a ``DataContext`` returning a table) runs under the transform runtime, which
+    writes the table for the job's ``output``. ``module`` and ``command`` run as they are,
+    with ``args`` appended.
     """
 
-    task: str = Field(default="", pattern=r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    task: str = Field(default="", pattern=_REFERENCE)
+    transform: str = Field(default="", pattern=_REFERENCE)
     module: str = ""
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
+    mode: Literal["train", "evaluate"] = Field(
+        default="train",
+        description="For a task: train it (default), or evaluate the job's input model.",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> Entrypoint:
-        if sum(map(bool, (self.task, self.module, self.command))) != 1:
+        if sum(map(bool, (self.task, self.transform, self.module, self.command))) != 1:
             raise ValueError(
                 "give exactly one of task (module:attribute of a gantry.training.Task), "
-                "module (a Python module) or command"
+                "transform (module:function returning a table), module (a Python module) "
+                "or command"
+            )
+        if self.mode != "train" and not self.task:
+            raise _At(
+                ("mode",),
+                f"mode {self.mode!r} applies to task entrypoints only (a module or command "
+                "reads $GANTRY_MODEL_DIR itself)",
             )
         return self
+
+    @property
+    def kind(self) -> Literal["task", "transform", "module", "command"]:
+        """Which kind of entrypoint this is."""
+        if self.task:
+            return "task"
+        if self.transform:
+            return "transform"
+        return "module" if self.module else "command"
 
 
 class DataUse(_Model):
@@ -215,6 +258,36 @@ class DataUse(_Model):
     dataset: str
     version: str
     view: Literal["raw", "deidentified"] = "deidentified"
+
+
+class ModelRef(_Model):
+    """A registered model version the job reads (an evaluation's model): the node agent
+    downloads it into the job's directory and points ``GANTRY_MODEL_DIR`` at it."""
+
+    name: str = Field(min_length=1, max_length=128)
+    version: int = Field(
+        ge=1,
+        description="An exact version (1, 2, ...): there is no 'latest', so a rerun evaluates "
+        "the same model.",
+    )
+
+
+class Output(_Model):
+    """The dataset a job commits a new version of, from the Parquet files its workers leave
+    in ``$GANTRY_OUTPUT_DIR/dataset/``."""
+
+    dataset: str
+    message: str = Field(default="", max_length=2000)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        if not _DATASET.fullmatch(value) or ".." in value:
+            raise ValueError(
+                f"{value!r} is not a dataset name: 1-63 lower-case letters, digits, '-', '_' "
+                "or '.', starting with a letter or digit"
+            )
+        return value
 
 
 class Privacy(_Model):
@@ -249,6 +322,8 @@ class JobSpec(_Model):
     topology: Topology = Topology.PACK
     entrypoint: Entrypoint
     data: tuple[DataUse, ...] = ()
+    model: ModelRef | None = None
+    output: Output | None = None
     training: Training = Field(default_factory=Training)
     max_runtime_s: int = Field(default=7 * 86400, ge=60, alias="maxRuntime")
 
@@ -266,6 +341,22 @@ class JobSpec(_Model):
         views = {d.view for d in self.data}
         if len(views) > 1:
             raise ValueError("a job reads all its datasets in one view (raw or deidentified)")
+        entry = self.entrypoint
+        if entry.mode == "evaluate" and self.model is None:
+            raise _At(
+                ("model",),
+                "an entrypoint with mode: evaluate needs the model to evaluate: give "
+                "spec.model: {name: <model>, version: <n>}",
+            )
+        if entry.transform and self.output is None:
+            raise _At(
+                ("output",),
+                "a transform entrypoint commits its table as a dataset version: give "
+                "spec.output: {dataset: <existing dataset>}",
+            )
+        if (entry.transform or entry.mode == "evaluate") and self.replicas != 1:
+            what = "a transform" if entry.transform else "an evaluation"
+            raise _At(("replicas",), f"{what} runs in one worker: replicas must be 1")
         return self
 
     @property
@@ -326,11 +417,15 @@ def parse_job(source: str | dict[str, Any]) -> TrainingJob:
         problems = []
         for e in exc.errors():
             message = str(e["msg"]).removeprefix("Value error, ")
+            loc = tuple(e["loc"])
+            cause = (e.get("ctx") or {}).get("error")
+            if isinstance(cause, _At):
+                loc += cause.path
             if e["type"] == "extra_forbidden":
                 message = "is not a known field (check its spelling and indentation)"
             elif e["type"] == "literal_error":
                 message = f"{message} (got {e.get('input')!r})"
-            problems.append(f"{_where(tuple(e['loc']))}: {message}")
+            problems.append(f"{_where(loc)}: {message}")
         raise InvalidInput(
             "the job spec is invalid:\n  " + "\n  ".join(problems),
             hint="see docs/jobs.md for every field and what it allows",
@@ -345,6 +440,8 @@ __all__ = [
     "Entrypoint",
     "JobSpec",
     "Metadata",
+    "ModelRef",
+    "Output",
     "Privacy",
     "Resources",
     "Topology",

@@ -5,7 +5,8 @@ dynamic batch dimension), falling back to TorchScript (``.ts``) for models ``tor
 cannot capture; with ``quantize`` the linear layers are dynamically quantised to INT8 first.
 :class:`ModelManifest` (``model.json`` beside it) carries the name, metrics, signature and code
 version the agent registers in the governance model registry, with the job and the dataset
-versions as lineage.
+versions as lineage. :func:`load_exported` reads such a directory back (an evaluation job's
+``$GANTRY_MODEL_DIR``, which its agent fills from the registry in the same shape).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from torch import nn
 
 from gantry.core import InvalidInput
 from gantry.core.logging import get_logger
+from gantry.training.outputs import clean_metrics
 
 MANIFEST = "model.json"
 _log = get_logger("gantry.training")
@@ -49,7 +51,7 @@ class ModelManifest:
         """Write ``model.json`` into ``directory`` (atomically); its path."""
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / MANIFEST
-        tmp = directory / f".{MANIFEST}.tmp"
+        tmp = directory / f".{MANIFEST}.{os.getpid()}.tmp"  # agents may share the directory
         tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
         tmp.replace(path)
         return path
@@ -110,6 +112,59 @@ def export_model(
     return path.name, "torchscript", signature
 
 
+#: Artefact formats :func:`export_model` writes, and the file name each is kept under.
+FORMATS = {"torch.export": "model.pt2", "torchscript": "model.ts"}
+
+
+def load_exported(directory: Path, *, device: str | torch.device = "cpu") -> nn.Module:
+    """The model in ``directory`` (``model.json`` and the artefact it names) as a module on
+    ``device``, for inference: a ``torch.export`` program's module or a TorchScript module.
+
+    Its parameters do not require gradients. A ``torch.export`` module is already in eval
+    mode and refuses ``.eval()``/``.train()``; call it, do not train it.
+    """
+    manifest = ModelManifest.read(directory)
+    if manifest is None:
+        raise InvalidInput(
+            f"{directory} holds no {MANIFEST}",
+            hint="an evaluation's model directory holds model.json and the artefact it names "
+            "(what the training runtime exports, and what the node agent downloads)",
+        )
+    path = directory / manifest.artifact
+    target = torch.device(device)
+    module: nn.Module
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's, not the caller's
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            if manifest.format == "torch.export":
+                program = torch.export.load(str(path))
+                if target.type != "cpu":
+                    from torch.export.passes import move_to_device_pass
+
+                    program = move_to_device_pass(program, target)
+                module = program.module()
+            elif manifest.format == "torchscript":
+                module = torch.jit.load(str(path), map_location=target)  # type: ignore[no-untyped-call]
+                module.eval()
+            else:
+                raise InvalidInput(
+                    f"model {manifest.name} has artefact format {manifest.format!r}",
+                    hint=f"load models exported by gantry training: {', '.join(FORMATS)}",
+                )
+        except InvalidInput:
+            raise
+        except Exception as exc:  # torch says what is wrong with the bytes
+            first = (str(exc).strip().splitlines() or ["(no message)"])[0][:300]
+            raise InvalidInput(
+                f"cannot load {path.name} of model {manifest.name} as {manifest.format}: "
+                f"{type(exc).__name__}: {first}"
+            ) from exc
+    for parameter in module.parameters():
+        parameter.requires_grad_(False)
+    return module
+
+
 def quantize_dynamic(model: nn.Module) -> nn.Module:
     """``model`` with its ``nn.Linear`` layers dynamically quantised to INT8 (weights int8,
     activations quantised per batch at run time): smaller and faster on CPU."""
@@ -152,20 +207,6 @@ def code_version(module_name: str) -> str:
     return " ".join(parts) or f"module:{module_name}"
 
 
-def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Metrics as finite floats; a clear error for anything else."""
-    out = {}
-    for key, value in metrics.items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise InvalidInput(f"metric {key!r} is {value!r}, not a number") from None
-        if number != number or number in (float("inf"), float("-inf")):
-            raise InvalidInput(f"metric {key!r} is {number}, not a finite number")
-        out[str(key)] = number
-    return out
-
-
 def _cpu(value: Any) -> Any:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
@@ -177,10 +218,12 @@ def _describe(value: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "FORMATS",
     "MANIFEST",
     "ModelManifest",
     "clean_metrics",
     "code_version",
     "export_model",
+    "load_exported",
     "quantize_dynamic",
 ]

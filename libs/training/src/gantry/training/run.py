@@ -1,11 +1,18 @@
-"""``python -m gantry.training.run module:task [key=value ...]``: one worker of a task job.
+"""``python -m gantry.training.run [--evaluate] module:task [key=value ...]``: one worker of a
+task job.
 
 The node agent starts this for a job whose ``spec.entrypoint`` is a ``task``. It loads the
 user's :class:`~gantry.training.task.Task`, builds the options from the job spec, wires
 compression, checkpoints (encrypted, in the object store, under the job's id), DP-SGD and
 progress reporting, and trains. SIGTERM (preemption, cancel) checkpoints and exits 0 at the
-next step boundary. When training finishes, rank 0 evaluates, exports the model and writes
-the manifest the agent registers (into ``$GANTRY_OUTPUT_DIR``).
+next step boundary. When training finishes, rank 0 evaluates, writes the metrics
+(``metrics.json``), exports the model and writes the manifest the agent registers (all into
+``$GANTRY_OUTPUT_DIR``).
+
+With ``--evaluate`` (``entrypoint.mode: evaluate``) it trains nothing: it loads the exported
+model in ``$GANTRY_MODEL_DIR`` (the job's ``spec.model``, downloaded by the agent), evaluates
+it as training would at its end, prints the metrics and writes ``metrics.json``; it writes no
+checkpoint and exports or registers no model.
 
 Exit codes: 0 done or stopped on request; 1 the user's code raised (its traceback is on
 stderr, so ``gantry jobs logs`` shows it); 2 the job is misconfigured; 3 the privacy budget
@@ -37,8 +44,9 @@ from gantry.core import (
 from gantry.storage.settings import StorageSettings, open_store
 from gantry.training.budget import BudgetExceeded
 from gantry.training.checkpoint import CheckpointManager
-from gantry.training.export import ModelManifest, clean_metrics, code_version, export_model
+from gantry.training.export import ModelManifest, code_version, export_model, load_exported
 from gantry.training.hooks import hooks_for
+from gantry.training.outputs import clean_metrics, write_metrics
 from gantry.training.progress import ProgressReporter
 from gantry.training.task import (
     DataContext,
@@ -55,6 +63,7 @@ from gantry.training.trainer import Trainer, TrainingOptions, WorkerEnv
 EXIT_USER_ERROR = 1
 EXIT_CONFIG = 2
 EXIT_BUDGET = 3
+EVALUATE_FLAG = "--evaluate"
 
 
 class WorkerSettings(CommonSettings):
@@ -62,7 +71,13 @@ class WorkerSettings(CommonSettings):
 
     storage: StorageSettings = Field(default_factory=StorageSettings)
     output_dir: Path | None = Field(
-        default=None, description="Where rank 0 writes the exported model (GANTRY_OUTPUT_DIR)."
+        default=None,
+        description="Where rank 0 writes the metrics and the exported model (GANTRY_OUTPUT_DIR).",
+    )
+    model_dir: Path | None = Field(
+        default=None,
+        description="The exported model an evaluation loads (GANTRY_MODEL_DIR): model.json and "
+        "its artefact, downloaded by the node agent for spec.model.",
     )
     checkpoint_keep: int = Field(
         default=3, ge=1, description="Checkpoints kept per job (GANTRY_CHECKPOINT_KEEP)."
@@ -163,16 +178,14 @@ def _finish(
     module.eval()
     history = trainer.state.history
     metrics: dict[str, Any] = {"final_loss": history[-1] if history else math.nan}
-    if task.evaluate is not None:
-        metrics.update(task.evaluate(module, ctx))
-    elif task.eval_dataset is not None:
-        metrics["eval_loss"] = _mean_loss(task, module, ctx, options)
+    metrics.update(_evaluate(task, module, ctx, options))
     if privacy is not None:
         metrics["dp_epsilon"] = privacy.epsilon()
         metrics["dp_delta"] = privacy.privacy.delta
-    metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
-    shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(clean_metrics(metrics).items()))
-    print(f"finished after {trainer.state.step} steps: {shown}", flush=True)
+    metrics = _finite(metrics)
+    print(f"finished after {trainer.state.step} steps: {_shown(metrics)}", flush=True)
+    if settings.output_dir is not None:
+        write_metrics(settings.output_dir, metrics)
     if not task.register or settings.output_dir is None:
         return
     example = task.example_input() if task.example_input is not None else _first_inputs(trainer)
@@ -185,7 +198,7 @@ def _finish(
         name=task.model_name or job_name or "model",
         artifact=artifact,
         format=fmt,
-        metrics=clean_metrics(metrics),
+        metrics=metrics,
         signature=signature,
         code_version=code_version(reference.partition(":")[0]),
         description=task.description,
@@ -193,6 +206,66 @@ def _finish(
     )
     manifest.write(settings.output_dir)
     print(f"exported {manifest.name} as {fmt} ({artifact})", flush=True)
+
+
+def evaluate(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
+    """Evaluate the exported model in ``settings.model_dir`` with the task at ``reference``
+    (no training); the process exit code."""
+    env = WorkerEnv.from_environ()
+    _cap_gpu_memory()
+    spec, _name = read_spec()
+    task = load_task(reference)
+    rest, params = split_params(args, task.params)
+    options = options_for(task, spec, parse_overrides(rest))
+    if settings.model_dir is None:
+        raise ConfigError(
+            "an evaluation needs the model to evaluate, and GANTRY_MODEL_DIR is not set",
+            hint="in a job, give spec.model: {name: ..., version: N}; by hand, point "
+            "GANTRY_MODEL_DIR at a directory holding model.json and its artefact",
+        )
+    if env.rank != 0:
+        print(f"rank {env.rank}: an evaluation runs on rank 0 only", flush=True)
+        return 0
+    torch.manual_seed(options.seed)
+    device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
+    module = load_exported(settings.model_dir, device=device)
+    manifest = ModelManifest.read(settings.model_dir)
+    label = manifest.name if manifest is not None else str(settings.model_dir)
+    print(f"evaluating model {label} ({settings.model_dir}) on {device}", flush=True)
+    ctx = DataContext(env, spec, options.seed, params=params)
+    metrics = _finite(_evaluate(task, module, ctx, options))
+    if not metrics:
+        raise ConfigError(
+            f"the task {reference} has nothing to evaluate a model with",
+            hint="give the Task an evaluate(model, ctx) or an eval_dataset",
+        )
+    print(f"evaluated {label}: {_shown(metrics)}", flush=True)
+    if settings.output_dir is not None:
+        write_metrics(settings.output_dir, metrics)
+    return 0
+
+
+def _evaluate(
+    task: Task, module: torch.nn.Module, ctx: DataContext, options: TrainingOptions
+) -> dict[str, Any]:
+    """The task's own metrics of ``module``: ``evaluate(module, ctx)``, else the mean loss on
+    ``eval_dataset``, else none."""
+    if task.evaluate is not None:
+        return dict(task.evaluate(module, ctx))
+    if task.eval_dataset is not None:
+        return {"eval_loss": _mean_loss(task, module, ctx, options)}
+    return {}
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    """The metrics as floats, leaving out NaN (a loss never computed); other non-finite or
+    non-numeric values are errors."""
+    kept = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+    return clean_metrics(kept)
+
+
+def _shown(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()))
 
 
 def _mean_loss(task: Task, module: torch.nn.Module, ctx: DataContext, options: Any) -> float:
@@ -223,12 +296,17 @@ def _first_inputs(trainer: Trainer) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; see the module docstring for the exit codes."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    evaluating = bool(argv) and argv[0] == EVALUATE_FLAG
+    if evaluating:
+        argv = argv[1:]
     if not argv or argv[0] in {"-h", "--help"}:
         print(__doc__)
         return 0 if argv else EXIT_CONFIG
     try:
         settings = load_settings(WorkerSettings)
         configure_logging("training-worker", level=settings.log_level, json=settings.log_json)
+        if evaluating:
+            return evaluate(argv[0], argv[1:], settings)
         return run(argv[0], argv[1:], settings)
     except BudgetExceeded as exc:
         print(f"gantry: {exc}", file=sys.stderr, flush=True)

@@ -183,6 +183,29 @@ class DataContext:
         return TensorDataset(x, y)
 
 
+def load_reference(reference: str, *, example: str = "my_package.train:task") -> Any:
+    """The object at ``module:attribute`` (dotted attributes allowed).
+
+    An import error in the user's module is raised as it is, so the user sees their own
+    traceback; a reference that names nothing raises :class:`InvalidInput`.
+    """
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise InvalidInput(
+            f"reference {reference!r} is not module:attribute", hint=f"e.g. {example}"
+        )
+    module = importlib.import_module(module_name)
+    try:
+        value: Any = module
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except AttributeError:
+        raise InvalidInput(
+            f"module {module_name} has no attribute {attribute!r}", hint=f"e.g. {example}"
+        ) from None
+    return value
+
+
 def load_task(reference: str) -> Task:
     """The :class:`Task` at ``module:attribute`` (an attribute that is a Task or returns one).
 
@@ -195,12 +218,9 @@ def load_task(reference: str) -> Task:
             f"task reference {reference!r} is not module:attribute",
             hint="e.g. entrypoint: {task: my_package.train:task}",
         )
-    module = importlib.import_module(module_name)
     try:
-        value: Any = module
-        for part in attribute.split("."):
-            value = getattr(value, part)
-    except AttributeError:
+        value = load_reference(reference)
+    except InvalidInput:
         raise InvalidInput(
             f"module {module_name} has no attribute {attribute!r}",
             hint="point entrypoint.task at a gantry.training.Task object or a function "
@@ -332,6 +352,7 @@ __all__ = [
     "DatasetFactory",
     "Evaluate",
     "Task",
+    "load_reference",
     "load_task",
     "options_for",
     "parse_overrides",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from gantry.core import InvalidInput, NotFound, PermissionDenied
 from gantry.events.catalog import AuthzDecision, DataAccessed
@@ -84,42 +85,128 @@ class Access:
         if caller.kind != "service":
             self.check(caller, "register", "model", model, method=method)
             return caller.subject, None
+        job = self._scheduled(
+            caller, "register", "model", model, job_id, method=method,
+            refusal="a service registers models only on behalf of a job the scheduler placed",
+            hint="set job_id in ModelStart to the job that trained the model",
+        )  # fmt: skip
+        self._owner_may(
+            caller, job, "register", "model", model, method=method,
+            hint="the job's owner needs a role that may register models, e.g. ml-developer",
+        )  # fmt: skip
+        return job.owner, job
+
+    def model_reader(
+        self, caller: Principal, model: str, version: int, job_id: str, *, method: str
+    ) -> None:
+        """Allow a download of ``model`` ``version`` that names ``job_id``, or refuse it.
+
+        Only a service's download for a job is decided here (the caller's own ``read model``
+        was decided on the method): it must be for a job the scheduler placed whose
+        ``spec.model`` is this exact version, and the job's owner needs ``read model``.
+        Recorded under the owner's name with the service as its actor.
+        """
+        if caller.kind != "service" or not job_id:
+            return
+        name = f"{model}:{version}"
+        job = self._scheduled(
+            caller, "read", "model", name, job_id, method=method,
+            refusal="", hint="give the job id of a job the scheduler placed",
+        )  # fmt: skip
+        if job.model != (model, version):
+            named = f"{job.model[0]}:{job.model[1]}" if job.model else "no model"
+            self._refuse(
+                caller, "read", "model", name, method=method,
+                reason=f"job {job_id} was scheduled with {named} as spec.model, not {name}",
+                hint="an agent downloads only the model version its job's spec names",
+            )  # fmt: skip
+        self._owner_may(
+            caller, job, "read", "model", name, method=method,
+            hint="the job's owner needs a role that may read models, e.g. ml-developer",
+        )  # fmt: skip
+
+    def dataset_writer(
+        self, caller: Principal, dataset: str, job_id: str, *, method: str
+    ) -> tuple[str, ScheduledJob | None]:
+        """Who uploads to and commits ``dataset``: the caller, or the owner of a service's job.
+
+        A user needs ``update dataset`` and writes as themself. A service writes only on
+        behalf of a job the scheduler placed whose ``spec.output`` names ``dataset``: the
+        job's owner needs ``update dataset`` and becomes the author; the job comes back for
+        the commit's lineage. Recorded under the owner's name with the service as its actor.
+        """
+        if caller.kind != "service":
+            self.check(caller, "update", "dataset", dataset, method=method)
+            return caller.subject, None
+        job = self._scheduled(
+            caller, "update", "dataset", dataset, job_id, method=method,
+            refusal="a service writes datasets only on behalf of a job the scheduler placed",
+            hint="set job_id to the job whose spec.output names the dataset",
+        )  # fmt: skip
+        if job.output_dataset != dataset:
+            named = job.output_dataset or "none"
+            self._refuse(
+                caller, "update", "dataset", dataset, method=method,
+                reason=f"job {job_id} was scheduled with spec.output dataset {named}, "
+                f"not {dataset}",
+                hint="an agent commits only the dataset its job's spec.output names",
+            )  # fmt: skip
+        self._owner_may(
+            caller, job, "update", "dataset", dataset, method=method,
+            hint="the job's owner needs a role that may update the dataset, e.g. data-steward",
+        )  # fmt: skip
+        return job.owner, job
+
+    def _scheduled(
+        self, caller: Principal, action: str, kind: str, name: str, job_id: str, *,
+        method: str, refusal: str, hint: str,
+    ) -> ScheduledJob:  # fmt: skip
+        """The scheduled job a service acts for; refused (recorded) without one."""
         if not job_id:
-            reason = "a service registers models only on behalf of a job the scheduler placed"
-            self._record(
-                caller, "register", "model", model, allowed=False, reason=reason,
-                actor=caller.subject, method=method,
-            )  # fmt: skip
-            raise PermissionDenied(
-                caller.subject, "register", f"model {model}", reason=reason,
-                hint="set job_id in ModelStart to the job that trained the model",
-            )  # fmt: skip
+            self._refuse(caller, action, kind, name, method=method, reason=refusal, hint=hint)
         try:
-            job = self.grants.scheduled_job(job_id)
+            return self.grants.scheduled_job(job_id)
         except NotFound:
             self._record(
-                caller, "register", "model", model, allowed=False, actor=caller.subject,
+                caller, action, kind, name, allowed=False, actor=caller.subject,
                 reason=f"no scheduled job {job_id} is known here", method=method,
             )  # fmt: skip
             raise NotFound(
                 "scheduled job", job_id,
-                hint="a service registers models only for jobs the scheduler placed: check the "
-                "job id, or retry once governance has consumed the job's gantry.job.scheduled",
+                hint=f"a service may {action} a {kind} only for jobs the scheduler placed: "
+                "check the job id, or retry once governance has consumed the job's "
+                "gantry.job.scheduled",
             ) from None  # fmt: skip
+
+    def _owner_may(
+        self, caller: Principal, job: ScheduledJob, action: str, kind: str, name: str, *,
+        method: str, hint: str,
+    ) -> None:  # fmt: skip
+        """Decide ``action`` for the job's owner, record it with the service as actor, raise
+        :class:`PermissionDenied` if refused."""
         owner = Principal(job.owner, job.owner_roles, "", caller.expires_at)
-        decision = self.authorizer.decide(owner.subject, owner.roles, "register", "model")
+        decision = self.authorizer.decide(owner.subject, owner.roles, action, kind)
         self._record(
-            owner, "register", "model", model, allowed=decision.allowed,
-            reason=f"{decision.reason} (for job {job_id} via service {caller.subject})",
+            owner, action, kind, name, allowed=decision.allowed,
+            reason=f"{decision.reason} (for job {job.job_id} via service {caller.subject})",
             actor=caller.subject, method=method,
         )  # fmt: skip
         if not decision.allowed:
             raise PermissionDenied(
-                caller.subject, "register", f"model {model}",
-                reason=f"it acts for job {job_id}, whose owner is refused: {decision.reason}",
-                hint="the job's owner needs a role that may register models, e.g. ml-developer",
+                caller.subject, action, f"{kind} {name}",
+                reason=f"it acts for job {job.job_id}, whose owner is refused: {decision.reason}",
+                hint=hint,
             )  # fmt: skip
-        return job.owner, job
+
+    def _refuse(
+        self, caller: Principal, action: str, kind: str, name: str, *, method: str,
+        reason: str, hint: str,
+    ) -> NoReturn:  # fmt: skip
+        self._record(
+            caller, action, kind, name, allowed=False, reason=reason, actor=caller.subject,
+            method=method,
+        )  # fmt: skip
+        raise PermissionDenied(caller.subject, action, f"{kind} {name}", reason=reason, hint=hint)
 
     def check_trained_on(self, job: ScheduledJob, trained_on: Sequence[tuple[str, str]]) -> None:
         """Refuse ``trained_on`` (dataset, version id) pairs the job was not scheduled with."""

@@ -54,15 +54,18 @@ def _rule(action: str, kind: str) -> MethodRule:
 #: What each method means to the RBAC policy (methods not listed are denied). Reads are gated
 #: on ``list dataset`` here and decided per view (or per grant) in the handler; RegisterModel
 #: is gated on ``list model`` and decided in the handler: ``register model`` for a user, for a
-#: service the owner of the scheduled job it registers for.
+#: service the owner of the scheduled job it registers for. Upload and Commit likewise: gated
+#: on ``list dataset``, decided in the handler as ``update dataset`` for a user, or for the
+#: owner of the scheduled job a service writes the job's output for. DownloadModel by a
+#: service for a job is decided in the handler too, for the job's owner.
 METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/{name}": rule
     for name, rule in {
         "CreateDataset": _rule("create", "dataset"),
         "GetDataset": _rule("list", "dataset"),
         "ListDatasets": _rule("list", "dataset"),
-        "Upload": _rule("update", "dataset"),
-        "Commit": _rule("update", "dataset"),
+        "Upload": _rule("list", "dataset"),
+        "Commit": _rule("list", "dataset"),
         "Log": _rule("list", "dataset"),
         "GetVersion": _rule("list", "dataset"),
         "Diff": _rule("list", "dataset"),
@@ -186,10 +189,13 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                     f"shard size {shard_bytes} bytes is out of range",
                     hint=f"use 64 KiB .. {self.d.max_shard_bytes >> 20} MiB",
                 )
-            upload = await asyncio.to_thread(
-                self.d.uploads.begin, start.dataset, principal.subject, start.source_format,
-                shard_bytes,
+            writer, _job = await asyncio.to_thread(
+                self.d.access.dataset_writer, principal, start.dataset, start.job_id,
+                method=f"/{SERVICE}/Upload",
             )  # fmt: skip
+            upload = await asyncio.to_thread(
+                self.d.uploads.begin, start.dataset, writer, start.source_format, shard_bytes
+            )
             last = first.last
             async for message in request_iterator:
                 if last:
@@ -245,19 +251,46 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
 
     @rpc_errors
     async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.Version:
-        """Make finished uploads a new immutable version."""
+        """Make finished uploads a new immutable version.
+
+        A user commits as themself; a service only a scheduled job's output, as the job's
+        owner (see :meth:`Access.dataset_writer`): the message then names the job, and lineage
+        links the versions the job's grant covered to the job and the job to the new version.
+        """
         principal = current_principal()
+        author, job = await asyncio.to_thread(
+            self.d.access.dataset_writer, principal, request.dataset, request.job_id,
+            method=f"/{SERVICE}/Commit",
+        )  # fmt: skip
+        message = request.message
+        inputs: list[tuple[str, str]] = []
+        if job is not None:
+            if job.job_id not in message:
+                message = f"{message.strip() or 'output'} (job {job.job_id})"
+            inputs = await asyncio.to_thread(self._job_inputs, job.job_id)
         version = await asyncio.to_thread(
-            self.d.catalog.commit,
-            request.dataset,
-            list(request.upload_ids),
-            author=principal.subject,
-            message=request.message,
-            parent=request.parent,
-            append=request.append,
-            correlation_id=_correlation(context),
+            functools.partial(
+                self.d.catalog.commit,
+                request.dataset,
+                list(request.upload_ids),
+                author=author,
+                message=message,
+                parent=request.parent,
+                append=request.append,
+                correlation_id=_correlation(context),
+                produced_by=job.job_id if job is not None else "",
+                inputs=inputs,
+            )
         )
         return version_pb(version)
+
+    def _job_inputs(self, job_id: str) -> list[tuple[str, str]]:
+        """The dataset versions (full ids) the job's latest grant covered: what it read."""
+        grants = self.d.grants.list(job_id, include_expired=True)
+        if not grants:
+            return []
+        latest = max(grants, key=lambda g: g.created_ms)
+        return list(latest.versions)
 
     @rpc_errors
     async def Log(self, request: pb.LogRequest, context: Any) -> pb.LogResponse:
@@ -591,8 +624,15 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
     async def DownloadModel(
         self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DownloadModelResponse]:
-        """Stream a model version's artifact (decrypted and verified)."""
+        """Stream a model version's artifact (decrypted and verified).
+
+        A service naming a job downloads only the version the job's ``spec.model`` names, and
+        only when the job's owner may read models (:meth:`Access.model_reader`)."""
         record = await asyncio.to_thread(self.d.registry.get, request.name, request.version)
+        await asyncio.to_thread(
+            self.d.access.model_reader, current_principal(), record.name, record.version,
+            request.job_id, method=f"/{SERVICE}/DownloadModel",
+        )  # fmt: skip
         reader = await asyncio.to_thread(self.d.registry.open, record)
         yield pb.DownloadModelResponse(info=model_pb(record))
         with reader:

@@ -21,6 +21,7 @@ from gantry.core import AlreadyExists, Conflict, InvalidInput, NotFound
 from gantry.events.catalog import DatasetCreated, VersionCommitted
 from gantry.governance import store as db
 from gantry.governance.changes import record
+from gantry.governance.lineage import add_edge, dataset_node
 from gantry.governance.manifest import Manifest, ManifestDiff, ShardEntry, diff_manifests
 from gantry.governance.schema import (
     Column,
@@ -211,8 +212,14 @@ class Catalog:
         parent: str = "",
         append: bool = False,
         correlation_id: str | None = None,
+        produced_by: str = "",
+        inputs: Sequence[tuple[str, str]] = (),
     ) -> VersionRecord:
-        """Make the finished uploads a new version, atomically; return it."""
+        """Make the finished uploads a new version, atomically; return it.
+
+        ``produced_by`` names the job that made the data: lineage then links each of its
+        ``inputs`` (dataset, version id) to the job and the job to the new version, in the
+        same transaction."""
         if not message.strip():
             raise InvalidInput(
                 "a commit needs a message", hint="say what changed, e.g. -m 'add May'"
@@ -234,10 +241,19 @@ class Catalog:
                 .where(db.uploads.c.id.in_(list(upload_ids)))
                 .values(state="committed")
             )
-            return self._insert_version(
+            version = self._insert_version(
                 conn, ds, shards, author=author, message=message,
                 correlation_id=correlation_id,
             )  # fmt: skip
+            if produced_by:
+                at = now_ms()
+                for name, vid in inputs:
+                    add_edge(
+                        conn, "dataset_version", dataset_node(name, vid), "job", produced_by, at
+                    )
+                new = dataset_node(dataset, version.id)
+                add_edge(conn, "job", produced_by, "dataset_version", new, at)
+            return version
 
     def rollback(
         self,

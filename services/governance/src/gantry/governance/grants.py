@@ -61,12 +61,34 @@ class GrantRecord:
 
 @dataclass(frozen=True)
 class ScheduledJob:
-    """What the scheduler said a job may read."""
+    """What the scheduler said a job may read, and write."""
 
     job_id: str
     owner: str
     owner_roles: tuple[str, ...]
     datasets: tuple[tuple[str, str, str], ...]  # (dataset, version, view)
+    model: tuple[str, int] | None = None  # spec.model: the model version it evaluates
+    output_dataset: str = ""  # spec.output.dataset: the dataset it commits a version of
+
+
+def _spec_model(spec: dict[str, Any]) -> str:
+    """``name:version`` of a job spec's input model ("" for none or a malformed one: the
+    scheduler validated the spec, so only a foreign event can carry one, and it gets nothing)."""
+    model = spec.get("model")
+    if not isinstance(model, dict):
+        return ""
+    name, version = model.get("name"), model.get("version")
+    if not isinstance(name, str) or not name or isinstance(version, bool):
+        return ""
+    if not isinstance(version, int) or version < 1:
+        return ""
+    return f"{name}:{version}"
+
+
+def _spec_output(spec: dict[str, Any]) -> str:
+    output = spec.get("output")
+    dataset = output.get("dataset") if isinstance(output, dict) else None
+    return dataset if isinstance(dataset, str) else ""
 
 
 def _grant(row: Any) -> GrantRecord:
@@ -251,6 +273,8 @@ class Grants:
                 datasets_json=orjson.dumps([d.model_dump() for d in job.datasets]).decode(),
                 nodes_json=orjson.dumps(job.nodes).decode(),
                 scheduled_ms=now_ms(),
+                input_model=_spec_model(job.spec),
+                output_dataset=_spec_output(job.spec),
             )
         )
 
@@ -266,6 +290,7 @@ class Grants:
                 job_id,
                 hint="grants for jobs are issued after the scheduler places them",
             )
+        name, _, version = row.input_model.rpartition(":")
         return ScheduledJob(
             job_id=row.job_id,
             owner=row.owner,
@@ -274,6 +299,8 @@ class Grants:
                 (d["dataset"], d["version"], d.get("view", "deidentified"))
                 for d in orjson.loads(row.datasets_json)
             ),
+            model=(name, int(version)) if name and version.isdigit() else None,
+            output_dataset=row.output_dataset,
         )
 
 

@@ -114,6 +114,10 @@ scheduled_jobs = sa.Table(
     sa.Column("datasets_json", sa.Text, nullable=False),
     sa.Column("nodes_json", sa.Text, nullable=False),
     sa.Column("scheduled_ms", sa.BigInteger, nullable=False),
+    # schema 3: the model version the job evaluates (spec.model, "name:version") and the dataset
+    # it commits a version of (spec.output), which its agent may then download and commit
+    sa.Column("input_model", sa.String(160), nullable=False, default="", server_default=""),
+    sa.Column("output_dataset", sa.String(64), nullable=False, default="", server_default=""),
 )
 
 lineage = sa.Table(
@@ -156,7 +160,7 @@ schema_version = sa.Table(
 outbox = outbox_table(metadata, "gov_outbox")
 inbox = inbox_table(metadata, "gov_inbox")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
@@ -166,6 +170,12 @@ def _migrate_v1(conn: sa.Connection) -> None:
 def _migrate_v2(conn: sa.Connection) -> None:
     """Model versions record the code version that trained them."""
     _add_column(conn, models.c.code_version)
+
+
+def _migrate_v3(conn: sa.Connection) -> None:
+    """Scheduled jobs remember their input model and output dataset."""
+    _add_column(conn, scheduled_jobs.c.input_model)
+    _add_column(conn, scheduled_jobs.c.output_dataset)
 
 
 def _add_column(conn: sa.Connection, column: sa.Column[object]) -> None:
@@ -181,7 +191,7 @@ def _add_column(conn: sa.Connection, column: sa.Column[object]) -> None:
     conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN {ddl}"))
 
 
-MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
 
 
 def connect(url: str) -> sa.Engine:

@@ -93,8 +93,10 @@ def job_pb(job: JobRow, *, history: list[Any] | None = None, predicted: float = 
         pool=job.pools if job.pools != "-" else "(none)",
         restarts=job.restarts,
         model=job.model,
+        dataset_version=job.dataset_version,
     )
     msg.labels.update(job.spec.metadata.labels)
+    msg.metrics.update(job.metrics)
     if job.progress:
         p = job.progress
         loss, eta = p.get("loss"), p.get("eta_s")

@@ -152,6 +152,8 @@ class SchedulerEvents:
                     step=r.step,
                     restarts=r.restarts,
                     model=r.model,
+                    metrics=r.metrics,
+                    dataset_version=r.dataset_version,
                 )
                 changed = True
             elif event.type == "gantry.data.dataset.created":

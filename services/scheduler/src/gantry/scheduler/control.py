@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +135,8 @@ class JobRow:
     restarts: int = 0  # workers restarted from a checkpoint by their agent, in all
     attempt_restarts: int = 0  # the same, in the current attempt (as the agents count them)
     model: str = ""  # on success: the model version registered, name:version
+    metrics: dict[str, float] = field(default_factory=dict)  # on success: rank 0's metrics
+    dataset_version: str = ""  # on success: the version committed for spec.output
     predicted_s: float = 0.0
     _spec: TrainingJob | None = None
 
@@ -178,7 +180,9 @@ class JobRow:
 
 
 _JOB_COLUMNS = tuple(c.name for c in store.jobs.columns)
-_JSON_COLUMNS = frozenset({"owner_roles", "placements", "reports", "stop_ranks", "progress"})
+_JSON_COLUMNS = frozenset(
+    {"owner_roles", "placements", "reports", "stop_ranks", "progress", "metrics"}
+)
 
 
 @dataclass
@@ -710,11 +714,15 @@ class Control:
         step: int = 0,
         restarts: int = 0,
         model: str = "",
+        metrics: Mapping[str, float] | None = None,
+        dataset_version: str = "",
     ) -> None:
         """A node agent's report on some of a job's workers (see the module docstring).
 
         ``step`` and ``restarts`` come with "restarted" (the checkpoint's step, the agent's
-        count in this attempt), ``model`` with "succeeded" (the model version registered).
+        count in this attempt); ``model``, ``metrics`` and ``dataset_version`` with
+        "succeeded" (the model version registered, rank 0's metrics, the dataset version
+        committed): kept with the job, and in the succeeded state's event.
         """
         job = self.jobs.get(job_id)
         if job is None or attempt != job.attempt or job.state == "pending":
@@ -734,8 +742,11 @@ class Control:
             return
         for rank in ranks:
             job.reports[str(rank)] = status
-        if status == "succeeded" and model:
-            job.model = model
+        if status == "succeeded":
+            job.model = model or job.model
+            job.dataset_version = dataset_version or job.dataset_version
+            finite = {k: float(v) for k, v in (metrics or {}).items() if math.isfinite(v)}
+            job.metrics = finite or job.metrics
         live = [str(r) for r in job.live_ranks]
         if status == "failed":
             detail = f"worker(s) {ranks} on {node} failed (exit {exit_code})" + (
@@ -1373,6 +1384,7 @@ class Control:
     def _emit_state(
         self, conn: sa.Connection, job: JobRow, previous: str, *, actor: str = ACTOR
     ) -> None:
+        made = job.state == "succeeded"  # what a job made travels with its success
         self._emit(
             conn,
             "gantry.job.state",
@@ -1382,6 +1394,9 @@ class Control:
                 previous=previous,
                 reason=job.reason,
                 attempt=job.attempt,
+                model=job.model if made else "",
+                metrics=job.metrics if made else {},
+                dataset_version=job.dataset_version if made else "",
             ),
             job.id,
             actor=actor,

@@ -52,6 +52,10 @@ jobs = sa.Table(
     sa.Column("restarts", sa.Integer, nullable=False, default=0),
     sa.Column("attempt_restarts", sa.Integer, nullable=False, default=0),
     sa.Column("model", sa.String(256), nullable=False, default=""),
+    # v3: what a successful job left besides a model: the metrics rank 0 wrote (JSON object of
+    # finite numbers) and the dataset version it committed (dataset@version)
+    sa.Column("metrics", sa.Text, nullable=False, default="{}"),
+    sa.Column("dataset_version", sa.String(200), nullable=False, default=""),
     sa.Index("ix_sched_jobs_state", "state"),
     sa.Index("ix_sched_jobs_request", "owner", "request_id"),
 )
@@ -135,7 +139,7 @@ schema_version = sa.Table(
 outbox = outbox_table(metadata, "sched_outbox")
 inbox = inbox_table(metadata, "sched_inbox")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Columns added to ``sched_jobs`` by version 2, with the DDL of each (their server default
 #: fills the rows written before).
@@ -147,19 +151,34 @@ _V2_JOB_COLUMNS = {
 }
 
 
+#: Columns added to ``sched_jobs`` by version 3.
+_V3_JOB_COLUMNS = {
+    "metrics": "TEXT NOT NULL DEFAULT '{}'",
+    "dataset_version": "VARCHAR(200) NOT NULL DEFAULT ''",
+}
+
+
 def _migrate_v1(conn: sa.Connection) -> None:
     metadata.create_all(conn)
 
 
-def _migrate_v2(conn: sa.Connection) -> None:
-    # a database created at version 2 got the columns from create_all in step 1
+def _add_job_columns(conn: sa.Connection, columns: dict[str, str]) -> None:
+    # a database created at a later version got the columns from create_all in step 1
     present = {c["name"] for c in sa.inspect(conn).get_columns(jobs.name)}
-    for name, ddl in _V2_JOB_COLUMNS.items():
+    for name, ddl in columns.items():
         if name not in present:
             conn.execute(sa.text(f"ALTER TABLE {jobs.name} ADD COLUMN {name} {ddl}"))
 
 
-MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
+def _migrate_v2(conn: sa.Connection) -> None:
+    _add_job_columns(conn, _V2_JOB_COLUMNS)
+
+
+def _migrate_v3(conn: sa.Connection) -> None:
+    _add_job_columns(conn, _V3_JOB_COLUMNS)
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
 
 
 def connect(url: str) -> sa.Engine:

@@ -7,15 +7,21 @@ What it promises, on the bus (all events signed with the ``training-agent`` serv
   SIGKILLed agent simply stops heartbeating (and its workers die with it, on Linux).
 - For each ``gantry.job.scheduled`` from the scheduler (source ``gantry/scheduler``, a
   ``svc-`` key) that places workers here: the job's data grant from governance (when it reads
-  data), one process per worker with the rendezvous environment, ``gantry.job.workers``
+  data), its input model downloaded from the registry into ``<job dir>/model`` (when the spec
+  names ``model``; ``GANTRY_MODEL_DIR`` points there; a failed download fails the job), one
+  process per worker with the rendezvous environment, ``gantry.job.workers``
   "started", the workers' output as ``gantry.log.job`` batches, their progress as
   ``gantry.metrics.job.progress`` and their step timings as ``gantry.metrics.job.step``.
 - A worker that crashes after training began restarts the node's workers from the last
   checkpoint ("restarted"), up to ``restart_limit`` times; past it, or a worker that fails
   before its first step, reports "failed" with the worker's last error line.
-- Once all of this node's workers exit 0: the model rank 0 exported is registered in the
-  governance registry (with the job, its dataset versions, code version and metrics), then
-  "succeeded" names it.
+- Once all of this node's workers exit 0, where rank 0 ran: the metrics it wrote
+  (``metrics.json``; a malformed file is noted in the job's log and ignored), the model it
+  exported registered in the governance registry (with the job, its dataset versions, code
+  version and metrics), and for a spec with ``output`` the Parquet files under
+  ``$GANTRY_OUTPUT_DIR/dataset/`` committed as a version of that dataset on the job's behalf
+  (a refusal fails the job, and the files are kept); then "succeeded" carries the metrics, the
+  model and the dataset version.
 - For each ``gantry.job.stop.requested`` naming this node and an attempt running here:
   SIGTERM (the runtime checkpoints at the next step boundary), ``grace_s`` to exit, SIGKILL;
   "checkpointed" with the stored step, then "stopped".
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -77,6 +84,13 @@ from gantry.training_agent.logs import (
     LogBatcher,
     LogStream,
     event,
+)
+from gantry.training_agent.outputs import (
+    OutputRefused,
+    commit_output,
+    fetch_input_model,
+    job_metrics,
+    register_model,
 )
 from gantry.training_agent.settings import AgentSettings
 from gantry.training_agent.traces import (
@@ -139,6 +153,7 @@ class _Attempt:
     generation: int = 0
     stepped: bool = False  # a worker reported a training step since the last (re)start
     grant: Grant | None = None
+    model_dir: Path | None = None  # the job's input model, downloaded
     last_progress: float = 0.0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -374,6 +389,9 @@ class NodeAgent:
             write_spec(job, job_dir)
             if job.datasets:
                 attempt.grant = await self._grant(attempt)
+            attempt.model_dir = await fetch_input_model(
+                self.governance, job, job_dir, functools.partial(self.note, attempt)
+            )
             await self._start_workers(attempt, command, resume=job.resume)
         except (GantryError, OSError) as exc:
             attempt.failed = True
@@ -456,6 +474,7 @@ class NodeAgent:
                 restarts=attempt.restarts,
                 cuda_mps=self.options.cuda_mps,
                 trace_dir=prepare_trace_dir(attempt.job_dir, attempt.attempt),
+                model_dir=attempt.model_dir,
                 base=base,
             )
             await self._spawn(attempt, placement.worker, command, env)
@@ -719,31 +738,36 @@ class NodeAgent:
             self._finish(attempt)
             return
         attempt.finished = True
-        model = ""
-        if 0 in natural and not self.governance.known():
-            if (attempt.output_dir / "model.json").exists():
-                self.note(
-                    attempt,
-                    "model not registered: no governance service is configured "
-                    f"(GANTRY_AGENT__GOVERNANCE_ADDR); it is kept in {attempt.output_dir}",
-                )
-        elif 0 in natural:
+        model, metrics, dataset_version = "", {}, ""
+        if 0 in natural:  # rank 0's node: what the job leaves is here
+            note = functools.partial(self.note, attempt)
+            metrics = job_metrics(attempt.output_dir, note)
             try:
-                model = await self.governance.register_model(attempt.job, attempt.output_dir) or ""
-            except GantryError as exc:
-                text = (
-                    f"training finished but the model could not be registered: {exc.message}"
-                    f"; the exported model is kept in {attempt.output_dir}"
+                model = await register_model(self.governance, attempt.job, attempt.output_dir, note)
+                dataset_version = await commit_output(
+                    self.governance, attempt.job, attempt.output_dir, note
                 )
-                self.note(attempt, text)
+            except OutputRefused as refused:
+                self.note(attempt, refused.text)
                 self._finish(attempt)
-                await self._report(attempt, natural, "failed", exit_code=0, message=text)
+                await self._report(attempt, natural, "failed", exit_code=0, message=refused.text)
                 return
-            if model:
-                self.note(attempt, f"registered model {model} with lineage to job {attempt.job_id}")
         self._finish(attempt)
-        _log.info("workers succeeded", job=attempt.job_id, attempt=attempt.attempt, model=model)
-        await self._report(attempt, natural, "succeeded", model=model)
+        _log.info(
+            "workers succeeded",
+            job=attempt.job_id,
+            attempt=attempt.attempt,
+            model=model,
+            dataset_version=dataset_version,
+        )
+        await self._report(
+            attempt,
+            natural,
+            "succeeded",
+            model=model,
+            metrics=metrics,
+            dataset_version=dataset_version,
+        )
 
     def _finish(self, attempt: _Attempt) -> None:
         attempt.finished = True
@@ -842,6 +866,8 @@ class NodeAgent:
         message: str = "",
         step: int = 0,
         model: str = "",
+        metrics: dict[str, float] | None = None,
+        dataset_version: str = "",
     ) -> None:
         assert self._publisher is not None and self._logs is not None
         await self._logs.flush()  # a job's output arrives before the news of its end
@@ -856,6 +882,8 @@ class NodeAgent:
             step=step,
             restarts=attempt.restarts,
             model=model,
+            metrics=metrics or {},
+            dataset_version=dataset_version,
         )
         ev = event(
             JOB_WORKERS.type,

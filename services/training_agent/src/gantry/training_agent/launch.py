@@ -1,7 +1,9 @@
 """What a worker runs, and with which environment.
 
 A job whose ``spec.entrypoint`` names a ``task`` runs ``python -m gantry.training.run TASK
-ARGS`` (the training runtime); ``module`` and ``command`` entry points run as they are. Every
+ARGS`` (the training runtime; ``--evaluate`` first for ``mode: evaluate``), a ``transform``
+runs ``python -m gantry.training.transform FUNCTION ARGS``; ``module`` and ``command`` entry
+points run as they are. Every
 worker gets the ``torchrun``-style rendezvous variables (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and Gantry's own (job, attempt, directories,
 resume flag, deep-trace directory, its GPUs and, for a fractional GPU, its memory cap and MPS
@@ -28,6 +30,8 @@ from gantry.sched.spec import MILLI
 
 #: The module that runs a training task in a worker.
 RUNTIME_MODULE = "gantry.training.run"
+#: The module that runs a data job's transform in a worker.
+TRANSFORM_MODULE = "gantry.training.transform"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -37,17 +41,23 @@ def worker_command(spec: Mapping[str, Any]) -> list[str]:
     if not isinstance(entry, Mapping):
         raise InvalidInput(
             "job spec has no entrypoint",
-            hint="give spec.entrypoint as {task: my_job:task}, {module: train} or "
-            "{command: [python, train.py]}",
+            hint="give spec.entrypoint as {task: my_job:task}, {transform: prep:clean}, "
+            "{module: train} or {command: [python, train.py]}",
         )
     args = entry.get("args") or []
     if isinstance(args, str) or not isinstance(args, Sequence):
         raise InvalidInput("spec.entrypoint.args must be a list of strings")
     task, module, command = entry.get("task"), entry.get("module"), entry.get("command")
-    if sum(map(bool, (task, module, command))) != 1:
-        raise InvalidInput("spec.entrypoint needs exactly one of task, module or command")
+    transform = entry.get("transform")
+    if sum(map(bool, (task, transform, module, command))) != 1:
+        raise InvalidInput(
+            "spec.entrypoint needs exactly one of task, transform, module or command"
+        )
     if task:
-        head = [sys.executable, "-m", RUNTIME_MODULE, str(task)]
+        mode = ["--evaluate"] if entry.get("mode") == "evaluate" else []
+        head = [sys.executable, "-m", RUNTIME_MODULE, *mode, str(task)]
+    elif transform:
+        head = [sys.executable, "-m", TRANSFORM_MODULE, str(transform)]
     elif module:
         head = [sys.executable, "-m", str(module)]
     elif isinstance(command, str):
@@ -57,6 +67,31 @@ def worker_command(spec: Mapping[str, Any]) -> list[str]:
     else:
         raise InvalidInput("spec.entrypoint.command must be a list of strings or a string")
     return [*head, *(str(a) for a in args)]
+
+
+def input_model(spec: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The model version a job's spec names as its input (``spec.model``), if any."""
+    model = spec.get("model")
+    if not isinstance(model, Mapping):
+        return None
+    name, version = model.get("name"), model.get("version")
+    if not isinstance(name, str) or not name or isinstance(version, bool):
+        raise InvalidInput("spec.model needs a name and a version")
+    if not isinstance(version, int) or version < 1:
+        raise InvalidInput(f"spec.model.version {version!r} is not a version number (1, 2, ...)")
+    return name, version
+
+
+def output_dataset(spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The dataset a job's spec commits a version of (``spec.output``) and the commit
+    message it gives, if any."""
+    output = spec.get("output")
+    if not isinstance(output, Mapping):
+        return None
+    dataset = output.get("dataset")
+    if not isinstance(dataset, str) or not dataset:
+        raise InvalidInput("spec.output needs a dataset")
+    return dataset, str(output.get("message") or "")
 
 
 def master_port(job: JobScheduled, restarts: int = 0) -> int:
@@ -78,9 +113,11 @@ def worker_environment(
     restarts: int = 0,
     cuda_mps: bool = False,
     trace_dir: Path | None = None,
+    model_dir: Path | None = None,
     base: Mapping[str, str],
 ) -> dict[str, str]:
-    """The environment of one worker: ``base`` plus the rendezvous and Gantry variables."""
+    """The environment of one worker: ``base`` plus the rendezvous and Gantry variables
+    (``GANTRY_MODEL_DIR`` when the job has an input model, downloaded into ``model_dir``)."""
     env = dict(base)
     gpu_milli = sum(milli for _, milli in placement.gpus)
     env.update(
@@ -107,8 +144,11 @@ def worker_environment(
         "GANTRY_GPU_MEMORY_FRACTION",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         "GANTRY_TRACE_DIR",
+        "GANTRY_MODEL_DIR",
     ):
         env.pop(name, None)
+    if model_dir is not None:
+        env["GANTRY_MODEL_DIR"] = str(model_dir)
     if resume:
         env["GANTRY_RESUME"] = "1"
     if trace_dir is not None:  # where deep-trace requests arrive (gantry.training.tracing)
@@ -169,8 +209,11 @@ def die_with_parent() -> Callable[[], None] | None:
 
 __all__ = [
     "RUNTIME_MODULE",
+    "TRANSFORM_MODULE",
     "die_with_parent",
+    "input_model",
     "master_port",
+    "output_dataset",
     "read_step",
     "worker_command",
     "worker_environment",

@@ -504,7 +504,10 @@ class Controller:
                     run, sr, f"job {status.id} succeeded but committed no dataset version", now
                 )
                 return
-            sr.outputs["version"] = status.dataset_version
+            # the scheduler reports dataset@version, as a model is reported name:version
+            dataset, _, version = status.dataset_version.rpartition("@")
+            sr.outputs["version"] = version
+            sr.outputs["dataset"] = dataset or sr.outputs.get("dataset", "")
             sr.produced = [Artifact("dataset", sr.outputs["dataset"], status.dataset_version)]
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(sr.metrics.items()))
         self._succeed(run, sr, f"job {status.id} succeeded" + (f" ({shown})" if shown else ""), now)

@@ -230,6 +230,8 @@ def jobs_get(
             f"{job.restarts} (workers restarted from a checkpoint)" if job.restarts else "",
         ),
         ("model", job.model),
+        ("dataset version", job.dataset_version),
+        ("metrics", ", ".join(f"{k}={v:.4g}" for k, v in sorted(job.metrics.items()))),
         ("GPU per worker", f"{job.gpu_milli / 1000:g}"),
         ("pools", job.pool or "any"),
         ("submitted", fmt_ms(job.submitted_ms)),

@@ -198,21 +198,25 @@ class UploadStart(_message.Message):
     DATASET_FIELD_NUMBER: _builtins.int
     SOURCE_FORMAT_FIELD_NUMBER: _builtins.int
     SHARD_BYTES_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     source_format: _builtins.str
     """arrow (table rows as Arrow IPC) | files"""
     shard_bytes: _builtins.int
     """0 = the service default"""
+    job_id: _builtins.str
+    """a service (node agent) uploads only for a job the scheduler placed"""
     def __init__(
         self,
         *,
         dataset: _builtins.str = ...,
         source_format: _builtins.str = ...,
         shard_bytes: _builtins.int = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "shard_bytes", b"shard_bytes", "source_format", b"source_format"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "job_id", b"job_id", "shard_bytes", b"shard_bytes", "source_format", b"source_format"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,12 +318,15 @@ class CommitRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     PARENT_FIELD_NUMBER: _builtins.int
     APPEND_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     message: _builtins.str
     parent: _builtins.str
     """expected head (optimistic concurrency); "" = current head"""
     append: _builtins.bool
     """keep the parent's content and add the uploads"""
+    job_id: _builtins.str
+    """a service commits only for a job the scheduler placed with"""
     @_builtins.property
     def upload_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -330,10 +337,11 @@ class CommitRequest(_message.Message):
         message: _builtins.str = ...,
         parent: _builtins.str = ...,
         append: _builtins.bool = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "dataset", b"dataset", "message", b"message", "parent", b"parent", "upload_ids", b"upload_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "dataset", b"dataset", "job_id", b"job_id", "message", b"message", "parent", b"parent", "upload_ids", b"upload_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1330,18 +1338,22 @@ class GetModelRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     version: _builtins.int
     """0 = latest"""
+    job_id: _builtins.str
+    """DownloadModel by a service for a job the scheduler placed with"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         version: _builtins.int = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "name", b"name", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

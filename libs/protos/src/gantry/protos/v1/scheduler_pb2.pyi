@@ -160,6 +160,26 @@ class Job(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
@@ -185,6 +205,8 @@ class Job(_message.Message):
     PROGRESS_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    DATASET_VERSION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     queue: _builtins.str
@@ -216,6 +238,8 @@ class Job(_message.Message):
     """times node agents restarted crashed workers from a checkpoint"""
     model: _builtins.str
     """on success: the model version registered, as name:version"""
+    dataset_version: _builtins.str
+    """on success: the version committed for spec.output, as dataset@version"""
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerPlacement]: ...
     @_builtins.property
@@ -225,6 +249,10 @@ class Job(_message.Message):
     @_builtins.property
     def progress(self) -> Global___Progress:
         """unset until the training reported progress"""
+
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """on success: the metrics rank 0 wrote (metrics.json)"""
 
     def __init__(
         self,
@@ -254,10 +282,12 @@ class Job(_message.Message):
         progress: Global___Progress | None = ...,
         restarts: _builtins.int = ...,
         model: _builtins.str = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        dataset_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "finished_ms", b"finished_ms", "gpu_milli", b"gpu_milli", "history", b"history", "id", b"id", "labels", b"labels", "min_replicas", b"min_replicas", "model", b"model", "name", b"name", "owner", b"owner", "placements", b"placements", "pool", b"pool", "predicted_runtime_s", b"predicted_runtime_s", "priority", b"priority", "progress", b"progress", "queue", b"queue", "reason", b"reason", "replicas", b"replicas", "request_id", b"request_id", "restarts", b"restarts", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "submitted_ms", b"submitted_ms", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dataset_version", b"dataset_version", "finished_ms", b"finished_ms", "gpu_milli", b"gpu_milli", "history", b"history", "id", b"id", "labels", b"labels", "metrics", b"metrics", "min_replicas", b"min_replicas", "model", b"model", "name", b"name", "owner", b"owner", "placements", b"placements", "pool", b"pool", "predicted_runtime_s", b"predicted_runtime_s", "priority", b"priority", "progress", b"progress", "queue", b"queue", "reason", b"reason", "replicas", b"replicas", "request_id", b"request_id", "restarts", b"restarts", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "submitted_ms", b"submitted_ms", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

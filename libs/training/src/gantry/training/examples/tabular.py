@@ -16,6 +16,12 @@ scores); a model that learned something is clearly above it.
 The table is synthetic (:func:`churn_table`); ``python -m gantry.training.examples tabular
 --data DIR`` writes it as a CSV with its schema file, ready for ``gantry data create`` and
 ``gantry data upload``.
+
+:func:`features` is the matching data job's transform: it reads ``churn`` de-identified and
+returns the training columns cleaned (rows missing a value dropped, outliers clipped), to be
+committed as a version of ``churn-features`` (:data:`FEATURES_SCHEMA_YAML`). The task trains on
+that dataset instead with ``args: [dataset=churn-features]`` -- a preprocess -> train
+pipeline.
 """
 
 from __future__ import annotations
@@ -28,11 +34,23 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from gantry.core import InvalidInput
 from gantry.training import DataContext, Task
 
 DATASET = "churn"
+FEATURES_DATASET = "churn-features"
+"""The derived dataset :func:`features` writes (a data steward creates it first)."""
 LABEL = "churned"
 FEATURES = ("tenure_months", "monthly_spend", "support_calls", "late_payments")
+KEPT = ("customer_id", "city", *FEATURES, LABEL)
+"""The columns of ``churn-features``: no personal data, everything the task trains on."""
+BOUNDS = {
+    "tenure_months": (1, 72),
+    "monthly_spend": (15.0, 150.0),
+    "support_calls": (0, 10),
+    "late_payments": (0, 6),
+}
+"""Where :func:`features` clips each feature: the plausible range of a customer record."""
 HOLDOUT_EVERY = 5
 """Customers whose id is a multiple of this are held out for evaluation (20 %)."""
 
@@ -56,6 +74,20 @@ columns:
   - {name: support_calls, type: int64,   class: internal}
   - {name: late_payments, type: int64,   class: internal}
   - {name: churned,       type: bool,    class: public}
+"""
+
+#: The schema file of the derived dataset, for ``gantry data create churn-features``.
+FEATURES_SCHEMA_YAML = """\
+# churn-features.schema.yaml: the cleaned training columns of churn (no personal data),
+# written by the transform gantry.training.examples.tabular:features.
+columns:
+  - {name: customer_id,   type: int64,   class: internal, nullable: false}
+  - {name: city,          type: string,  class: public}
+  - {name: tenure_months, type: int64,   class: internal, nullable: false}
+  - {name: monthly_spend, type: float64, class: internal, nullable: false}
+  - {name: support_calls, type: int64,   class: internal, nullable: false}
+  - {name: late_payments, type: int64,   class: internal, nullable: false}
+  - {name: churned,       type: bool,    class: public,   nullable: false}
 """
 
 _CITIES = ("Oslo", "Lima", "Pune", "Accra", "Kyoto", "Quito")
@@ -131,9 +163,35 @@ def model() -> nn.Module:
     )
 
 
+def features(ctx: DataContext) -> Any:
+    """The training columns of the job's ``churn`` input (``source=NAME`` reads another),
+    cleaned: the columns of :data:`KEPT` (personal data left out), rows missing any of them
+    dropped, each feature clipped to its :data:`BOUNDS`. A ``pyarrow.Table`` for the data
+    job's ``output`` (``churn-features``)."""
+    import pyarrow.compute as pc
+
+    source = str(ctx.params.get("source", DATASET))
+    table = ctx.table(source)
+    missing = [name for name in KEPT if name not in table.column_names]
+    if missing:
+        raise InvalidInput(
+            f"dataset {source} has no column {', '.join(missing)}",
+            hint=f"its columns: {', '.join(table.column_names)}",
+        )
+    table = table.select(list(KEPT)).drop_null()
+    for name, (low, high) in BOUNDS.items():
+        column = table.column(name)
+        clipped = pc.min_element_wise(pc.max_element_wise(column, low), high)
+        table = table.set_column(
+            table.schema.get_field_index(name), name, clipped.cast(column.type)
+        )
+    return table
+
+
 def _split(ctx: DataContext, *, held_out: bool) -> TensorDataset:
-    data = ctx.tensors(DATASET, label=LABEL, features=FEATURES)
-    ids = ctx.table(DATASET).column("customer_id").to_numpy(zero_copy_only=False)
+    source = str(ctx.params.get("dataset", DATASET))
+    data = ctx.tensors(source, label=LABEL, features=FEATURES)
+    ids = ctx.table(source).column("customer_id").to_numpy(zero_copy_only=False)
     keep = torch.from_numpy((ids % HOLDOUT_EVERY == 0) == held_out)
     features, labels = data.tensors
     return TensorDataset(features[keep], labels[keep])
@@ -168,5 +226,6 @@ task = Task(
     options={"epochs": 4, "micro_batch_size": 64, "lr": 3e-3},
     model_name="churn-classifier",
     description="Churn from tenure, spend, support calls and late payments (de-identified).",
+    params={"dataset": DATASET},
 )
 """The job's task: ``entrypoint: {task: gantry.training.examples.tabular:task}``."""

@@ -508,7 +508,7 @@ class Controller:
             dataset, _, version = status.dataset_version.rpartition("@")
             sr.outputs["version"] = version
             sr.outputs["dataset"] = dataset or sr.outputs.get("dataset", "")
-            sr.produced = [Artifact("dataset", sr.outputs["dataset"], status.dataset_version)]
+            sr.produced = [Artifact("dataset", sr.outputs["dataset"], version)]
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(sr.metrics.items()))
         self._succeed(run, sr, f"job {status.id} succeeded" + (f" ({shown})" if shown else ""), now)
 

@@ -15,6 +15,7 @@
     gantry profile job | nodes | mark | trace | traces
     gantry pipelines submit | list | get | delete | run
     gantry pipelines runs list | get | cancel | retry
+    gantry experiments submit | list | get | cancel
 
 Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``,
 ``GANTRY_GOVERNANCE_ADDR``) are loaded once in :func:`main` and handed to every command;
@@ -23,8 +24,9 @@ Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``,
 
 This module holds the root app and the entry point; each command group lives in a module of its
 own (``_up``, ``_admin``, ``_events``, ``_audit``, ``_audit_verify``, ``_data``,
-``_data_access``, ``_models``, ``_jobs``, ``_serve``, ``_profile``, ``_pipelines``) and what they
-share in ``_common``. The names in ``__all__`` are the package's public surface.
+``_data_access``, ``_models``, ``_jobs``, ``_serve``, ``_profile``, ``_pipelines``,
+``_experiments``) and what they share in ``_common``. The names in ``__all__`` are the
+package's public surface.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from gantry.client.cli._common import (
 )
 from gantry.client.cli._data import data_app
 from gantry.client.cli._events import events_app
+from gantry.client.cli._experiments import experiments_app
 from gantry.client.cli._jobs import jobs_app, nodes_app, queues_app, usage
 from gantry.client.cli._models import models_app
 from gantry.client.cli._pipelines import pipelines_app
@@ -76,6 +79,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(serve_app, name="serve")
 app.add_typer(profile_app, name="profile")
 app.add_typer(pipelines_app, name="pipelines")
+app.add_typer(experiments_app, name="experiments")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(queues_app, name="queues")

@@ -16,6 +16,8 @@ The workflows service is found like every service: ``GANTRY_WORKFLOWS_ADDR``, el
 ``GANTRY_DATA_DIR``'s ``run/workflows.json`` written by the running service (see
 :meth:`~gantry.client.config.ClientSettings.address`); ``runs get --logs`` also reads the
 steps' job logs from the scheduler. ``run --wait`` exits 1 unless the run succeeded.
+
+How a run is shown (its graph, steps, details and logs) lives in ``_pipeline_runs``.
 """
 
 from __future__ import annotations
@@ -42,16 +44,20 @@ from gantry.client.cli._common import (
     fmt_ms,
     state_of,
 )
+from gantry.client.cli._pipeline_runs import (
+    pairs,
+    print_logs,
+    print_run,
+    say,
+    span,
+    step_line,
+    styled,
+)
 from gantry.client.config import ClientSettings
-from gantry.core import GantryError, InvalidInput
+from gantry.core import InvalidInput
 
 if TYPE_CHECKING:
-    from gantry.client.workflows import (
-        PipelineInfo,
-        RunInfo,
-        StepRunInfo,
-        WorkflowsClient,
-    )
+    from gantry.client.workflows import PipelineInfo, RunInfo, WorkflowsClient
 
 pipelines_app = typer.Typer(
     help="Pipelines and cron schedules: submit them, run them, follow their runs.",
@@ -70,25 +76,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="As JSON, for scripts.")]
 #: Seconds between two looks at a run while waiting for it.
 POLL_S = 1.0
 
-#: The mark of each step state in a run's graph.
-MARKS = {
-    "succeeded": "✓",
-    "failed": "✗",
-    "skipped": "⊘",
-    "cancelled": "⊘",
-}
-_BUSY = "…"
-_STYLE = {
-    "queued": "yellow",
-    "pending": "dim",
-    "starting": "cyan",
-    "running": "cyan",
-    "succeeded": "bold green",
-    "failed": "bold red",
-    "cancelled": "dim",
-    "skipped": "yellow",
-}
-
 
 @contextlib.contextmanager
 def workflows_client(settings: ClientSettings) -> Iterator[WorkflowsClient]:
@@ -99,36 +86,8 @@ def workflows_client(settings: ClientSettings) -> Iterator[WorkflowsClient]:
         yield client
 
 
-def _styled(text: str) -> str:
-    style = _STYLE.get(text)
-    return f"[{style}]{escape(text)}[/]" if style else escape(text)
-
-
-def _print(state: State, text: str) -> None:
-    """A line of plain text (no markup, no highlighting)."""
-    state.out.print(text, markup=False, highlight=False)
-
-
 def _as_json(value: Any) -> str:
     return json.dumps(dataclasses.asdict(value), indent=2)
-
-
-def _mark(state: str) -> str:
-    return MARKS.get(state, _BUSY)
-
-
-def _span(ms: int | None) -> str:
-    """``850ms``, ``42s``, ``3m 05s``, ``2h 03m``; "" for None."""
-    if ms is None:
-        return ""
-    if ms < 1000:
-        return f"{ms}ms"
-    s = ms // 1000
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m"
 
 
 def _local_and_utc(ms: int) -> str:
@@ -140,27 +99,27 @@ def _local_and_utc(ms: int) -> str:
     return f"{local.strftime('%Y-%m-%d %H:%M:%S %Z').strip()} ({fmt_ms(ms)} UTC)"
 
 
-def _pairs(values: Any) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
-
-
-def _metrics(values: Any) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))
-
-
-def _read_file(file: Path) -> str:
+def read_document(
+    file: Path, what: str = "pipeline", example: str = "a Pipeline or CronPipeline"
+) -> str:
+    """The text of a YAML document file; :class:`InvalidInput` saying what is wrong with the
+    path (``what``: the kind of file, for the messages)."""
     try:
         return file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InvalidInput(
-            f"no pipeline file {file}", hint="give the path of a Pipeline or CronPipeline YAML file"
+            f"no {what} file {file}", hint=f"give the path of {example} YAML file"
         ) from None
     except IsADirectoryError:
-        raise InvalidInput(f"{file} is a directory, not a pipeline file") from None
+        raise InvalidInput(f"{file} is a directory, not {_article(what)} file") from None
     except UnicodeDecodeError:
-        raise InvalidInput(f"the pipeline file {file} is not UTF-8 text") from None
+        raise InvalidInput(f"the {what} file {file} is not UTF-8 text") from None
     except OSError as exc:
-        raise InvalidInput(f"can't read the pipeline file {file}: {exc.strerror or exc}") from None
+        raise InvalidInput(f"can't read the {what} file {file}: {exc.strerror or exc}") from None
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
 
 
 def parse_params(given: list[str]) -> dict[str, str]:
@@ -227,7 +186,7 @@ def pipelines_submit(
 
     Prints its steps in the order they run, with what each waits for and its gate.
     """
-    spec = _read_file(file)
+    spec = read_document(file)
     settings = command_settings(ctx, data_dir, token)
     with workflows_client(settings) as client:
         result = client.submit(spec, dry_run=dry_run)
@@ -239,20 +198,20 @@ def pipelines_submit(
     n = len(p.steps)
     steps = f"{n} step{'' if n == 1 else 's'}"
     if dry_run:
-        _print(state, f"dry run: {p.kind} {p.name} is valid ({steps}); nothing was stored")
+        say(state, f"dry run: {p.kind} {p.name} is valid ({steps}); nothing was stored")
     elif result.replaced:
-        _print(
+        say(
             state,
             f"submitted {p.kind} {p.name} revision {p.revision} ({steps}), replacing revision "
             f"{p.revision - 1}",
         )
     else:
-        _print(state, f"submitted {p.kind} {p.name} revision {p.revision} ({steps})")
+        say(state, f"submitted {p.kind} {p.name} revision {p.revision} ({steps})")
     state.out.print(_steps_table(p, "steps, in the order they run"))
     for name, value in _schedule_lines(p):
-        _print(state, f"{name}: {value}")
+        say(state, f"{name}: {value}")
     if not dry_run and p.schedule is None:
-        _print(state, f"start a run with 'gantry pipelines run {p.name}'")
+        say(state, f"start a run with 'gantry pipelines run {p.name}'")
 
 
 @pipelines_app.command("list")
@@ -280,7 +239,7 @@ def pipelines_list(
             next_fire = "suspended"
         else:
             next_fire = fmt_ms(s.next_fire_ms) if s is not None else ""
-        last = f"{p.last_run_id} {_styled(p.last_run_state)}" if p.last_run_id else ""
+        last = f"{p.last_run_id} {styled(p.last_run_state)}" if p.last_run_id else ""
         table.add_row(
             escape(p.name),
             escape(p.kind),
@@ -313,14 +272,14 @@ def pipelines_get(
         print(_as_json(p))
         return
     state = state_of(ctx)
-    _print(state, f"{p.kind} {p.name}, revision {p.revision}")
+    say(state, f"{p.kind} {p.name}, revision {p.revision}")
     fields = Table.grid(padding=(0, 2))
     fields.add_column(style="bold")
     fields.add_column()
     rows: list[tuple[str, str]] = [
         ("description", p.description),
         ("owner", p.owner),
-        ("params", _pairs(p.params)),
+        ("params", pairs(p.params)),
         *_schedule_lines(p),
         ("last run", f"{p.last_run_id} ({p.last_run_state})" if p.last_run_id else "none yet"),
         ("created (UTC)", fmt_ms(p.created_ms)),
@@ -347,7 +306,7 @@ def pipelines_delete(
     settings = command_settings(ctx, data_dir, token)
     with workflows_client(settings) as client:
         p = client.delete(name)
-    _print(
+    say(
         state_of(ctx),
         f"deleted {p.kind} {p.name} (revision {p.revision}); its runs stay in the history",
     )
@@ -416,7 +375,7 @@ def pipelines_run(
     if as_json:
         print(_as_json(run))
     elif wait:
-        _print_run(state, run)
+        print_run(state, run)
     follow = f"follow it with 'gantry pipelines runs get {run.id}'"
     if not wait:
         said.print(follow, markup=False, highlight=False)
@@ -428,13 +387,6 @@ def pipelines_run(
         )
     if wait and not run.succeeded:
         raise typer.Exit(EXIT_FAILED)
-
-
-def _step_line(s: StepRunInfo, width: int) -> str:
-    line = f"{_mark(s.state)} {s.name:<{width}}  {s.kind:<8}  {s.state}"
-    if s.attempt > 1:
-        line += f" (attempt {s.attempt})"
-    return line + (f"  {s.reason}" if s.reason else "")
 
 
 def _follow(
@@ -459,7 +411,7 @@ def _follow(
 
     def update(r: RunInfo) -> None:
         for s in r.steps:
-            line = _step_line(s, width)
+            line = step_line(s, width)
             if s.name not in tasks:
                 tasks[s.name] = progress.add_task(line, total=1, start=s.state != "pending")
             task = tasks[s.name]
@@ -533,8 +485,8 @@ def runs_list(
             escape(r.trigger),
             fmt_ms(r.scheduled_ms),
             fmt_ms(r.started_ms),
-            _span(r.duration_ms),
-            _styled(r.state),
+            span(r.duration_ms),
+            styled(r.state),
             escape(r.reason),
         )
     state_of(ctx).out.print(table)
@@ -566,124 +518,9 @@ def runs_get(
         print(_as_json(run))
         return
     state = state_of(ctx)
-    _print_run(state, run)
+    print_run(state, run)
     if logs:
-        _print_logs(state, settings, run, logs)
-
-
-def _print_run(state: State, run: RunInfo) -> None:
-    """The run: a header, the graph, the steps table, then each step's outputs and lineage."""
-    out = state.out
-    out.print(
-        f"run {escape(run.id)} of {escape(run.pipeline)} (revision {run.revision}): "
-        f"{_styled(run.state)}",
-        highlight=False,
-    )
-    if run.reason:
-        _print(state, f"  {run.reason}")
-    scheduled = f" for {fmt_ms(run.scheduled_ms)} UTC" if run.scheduled_ms else ""
-    facts = [
-        f"trigger {run.trigger}{scheduled}",
-        f"owner {run.owner}",
-        f"started {fmt_ms(run.started_ms)} UTC" if run.started_ms else "not started",
-        f"took {_span(run.duration_ms)}" if run.duration_ms is not None else "",
-    ]
-    _print(state, "  " + ", ".join(f for f in facts if f))
-    if run.params:
-        _print(state, f"  params: {_pairs(run.params)}")
-    if not run.steps:
-        return
-    _print(state, "")
-    for line in graph(run):
-        _print(state, line)
-    table = Table(title="steps")
-    for col in ("step", "kind", "state", "attempt", "job", "took", "reason"):
-        table.add_column(col, justify="right" if col in ("attempt", "took") else "left")
-    for s in run.steps:
-        table.add_row(
-            escape(s.name),
-            escape(s.kind),
-            _styled(s.state),
-            str(s.attempt) if s.attempt else "",
-            escape(s.job_id),
-            _span(s.duration_ms),
-            escape(s.reason),
-        )
-    out.print(table)
-    for s in run.steps:
-        lines = _step_details(s)
-        if lines:
-            _print(state, f"{s.name}:")
-            for line in lines:
-                _print(state, f"  {line}")
-
-
-def _step_details(s: StepRunInfo) -> list[str]:
-    lines = []
-    if s.outputs:
-        lines.append(f"outputs: {_pairs(s.outputs)}")
-    if s.metrics:
-        lines.append(f"metrics: {_metrics(s.metrics)}")
-    if s.inputs or s.produced:
-        used = ", ".join(a.text for a in s.inputs) or "nothing"
-        made = ", ".join(a.text for a in s.produced) or "nothing"
-        lines.append(f"lineage: {used} → {made}")
-    if len(s.attempts) > 1:
-        for a in s.attempts:
-            job = f" (job {a.job_id})" if a.job_id else ""
-            why = f": {a.reason}" if a.reason else ""
-            lines.append(f"attempt {a.number}{job}: {a.state or 'running'}{why}")
-    return lines
-
-
-def graph(run: RunInfo) -> list[str]:
-    """The run as a small text graph: each step in order, indented under the step it waits for
-    longest, with its mark (✓ succeeded, ✗ failed, ⊘ skipped or cancelled, … not done) and the
-    steps it waits for."""
-    depth: dict[str, int] = {}
-    for s in run.steps:  # the pipeline's order puts parents first
-        depth[s.name] = 1 + max((depth.get(p, 0) for p in s.depends_on), default=-1)
-    lines = []
-    for s in run.steps:
-        indent = "   " * depth[s.name]
-        branch = "└─ " if depth[s.name] else ""
-        after = f" ← {', '.join(s.depends_on)}" if s.depends_on else ""
-        lines.append(f"{indent[3:]}{branch}{_mark(s.state)} {s.name} ({s.kind}){after}")
-    return lines
-
-
-def _job_of(s: StepRunInfo) -> str:
-    return s.job_id or next((a.job_id for a in reversed(s.attempts) if a.job_id), "")
-
-
-def _print_logs(state: State, settings: ClientSettings, run: RunInfo, tail: int) -> None:
-    """The last ``tail`` lines of each step's job, from the scheduler; a step whose logs cannot
-    be read says why, and the others are still shown."""
-    from gantry.client.cli._jobs import scheduler_client
-
-    steps = [(s, _job_of(s)) for s in run.steps if _job_of(s)]
-    if not steps:
-        _print(state, "no step has run a job yet: no logs")
-        return
-    try:
-        with scheduler_client(settings) as client:
-            for s, job_id in steps:
-                _print(state, f"── {s.name} (job {job_id}): the last {tail} log lines ──")
-                try:
-                    with client.logs(job_id, tail=tail) as lines:
-                        count = 0
-                        for line in lines:
-                            count += 1
-                            where = f"w{line.worker}" + (
-                                " gantry" if line.stream == "gantry" else ""
-                            )
-                            _print(state, f"{where}| {line.text.removesuffix(chr(10))}")
-                    if not count:
-                        _print(state, "(no log lines)")
-                except GantryError as exc:
-                    _print(state, f"(no logs: {exc.message})")
-    except GantryError as exc:  # the scheduler cannot be found at all
-        _print(state, f"no logs: {exc.message}")
+        print_logs(state, settings, run, logs)
 
 
 # ---------------------------------------------------------------------- cancel, retry
@@ -702,7 +539,7 @@ def runs_cancel(
     with workflows_client(settings) as client:
         run = client.cancel(run_id, reason)
     why = f": {run.reason}" if run.reason else ""
-    _print(state_of(ctx), f"run {run.id} of {run.pipeline}: {run.state}{why}")
+    say(state_of(ctx), f"run {run.id} of {run.pipeline}: {run.state}{why}")
 
 
 @runs_app.command("retry")
@@ -729,10 +566,10 @@ def runs_retry(
         run = client.retry(run_id, from_step)
     again = [s.name for s in run.steps if not s.done]
     state = state_of(ctx)
-    _print(state, f"run {run.id} of {run.pipeline}: {run.state}")
+    say(state, f"run {run.id} of {run.pipeline}: {run.state}")
     if again:
-        _print(state, f"  running again: {', '.join(again)}")
-    _print(state, f"follow it with 'gantry pipelines runs get {run.id}'")
+        say(state, f"  running again: {', '.join(again)}")
+    say(state, f"follow it with 'gantry pipelines runs get {run.id}'")
 
 
-__all__ = ["MARKS", "POLL_S", "graph", "parse_params", "pipelines_app", "workflows_client"]
+__all__ = ["POLL_S", "parse_params", "pipelines_app", "read_document", "workflows_client"]

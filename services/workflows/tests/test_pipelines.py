@@ -167,3 +167,14 @@ def test_references_say_what_may_be_written() -> None:
     assert parse_reference("steps.train.outputs.metrics.accuracy").metric == "accuracy"
     with pytest.raises(InvalidInput, match=r"\$\{params.<name>\}"):
         parse_reference("step.train.model")
+
+
+def test_canary_analysis_is_typed_as_the_serving_api_wants() -> None:
+    from gantry.protos.v1 import serving_pb2 as pb
+    from gantry.workflows.pipelines import Canary
+
+    analysis = Canary.model_validate(
+        {"percent": 20, "stepPercent": 20, "maxPercent": 60, "interval": "2s", "minRequests": 5}
+    ).analysis()
+    assert analysis == {"step_percent": 20, "max_percent": 60, "interval_s": 2.0, "min_requests": 5}
+    pb.CanarySpec(**analysis)  # what the serving client builds from it: raises on a float int

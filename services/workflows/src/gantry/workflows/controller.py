@@ -266,6 +266,8 @@ class Controller:
                 _log.warning("run not advanced", run=run_id, error=str(exc))
                 with self._lock:
                     self._dirty.add(run_id)
+            except Exception:  # a bug with one run must not stop the others
+                _log.exception("run not advanced", run=run_id)
         return len(todo)
 
     def _polled(self, run_id: str) -> bool:
@@ -338,6 +340,16 @@ class Controller:
             return
         except GantryError as exc:
             self._fail(run, sr, f"{type(exc).__name__}: {exc.message}", now)
+            return
+        except Exception as exc:  # a bug here: fail the step visibly rather than loop on it
+            _log.exception("step failed to start", run=run.id, step=step.name)
+            self._fail(
+                run,
+                sr,
+                f"the workflows service could not start it ({type(exc).__name__}: {exc}); "
+                "retry the run once the service is fixed",
+                now,
+            )
             return
         sr.job_id = job_id
         if step.kind == "data":

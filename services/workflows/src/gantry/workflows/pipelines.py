@@ -87,7 +87,7 @@ class Canary(_Model):
         return float(parse_duration_s(value)) if isinstance(value, str) else value
 
     def analysis(self) -> dict[str, float]:
-        """The settings given (non-zero), named as the serving API names them."""
+        """The settings given (non-zero), named and typed as the serving API has them."""
         fields = (
             "step_percent",
             "max_percent",
@@ -97,7 +97,7 @@ class Canary(_Model):
             "max_p99_ms",
             "min_requests",
         )
-        return {f: float(getattr(self, f)) for f in fields if getattr(self, f)}
+        return {f: getattr(self, f) for f in fields if getattr(self, f)}
 
 
 class Deploy(_Model):

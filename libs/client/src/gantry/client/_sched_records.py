@@ -138,6 +138,9 @@ class JobInfo:
     model: str = ""
     metrics: Mapping[str, float] = field(default_factory=dict)
     dataset_version: str = ""
+    rendezvous: str = ""
+    """``host:port`` where the running attempt's rank 0 listens (a dev session's server); "" when
+    not placed (filled by ``get`` only)."""
 
     @property
     def terminal(self) -> bool:
@@ -183,6 +186,7 @@ class JobInfo:
             model=m.model,
             metrics=dict(m.metrics),
             dataset_version=m.dataset_version,
+            rendezvous=m.rendezvous,
         )
 
 

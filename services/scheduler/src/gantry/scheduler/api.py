@@ -69,7 +69,13 @@ class ControlThread:
         self._pool.shutdown(wait=True)
 
 
-def job_pb(job: JobRow, *, history: list[Any] | None = None, predicted: float = 0.0) -> pb.Job:
+def job_pb(
+    job: JobRow,
+    *,
+    history: list[Any] | None = None,
+    predicted: float = 0.0,
+    rendezvous: str = "",
+) -> pb.Job:
     """The protocol message of a job."""
     msg = pb.Job(
         id=job.id,
@@ -94,6 +100,7 @@ def job_pb(job: JobRow, *, history: list[Any] | None = None, predicted: float = 
         restarts=job.restarts,
         model=job.model,
         dataset_version=job.dataset_version,
+        rendezvous=rendezvous,
     )
     msg.labels.update(job.spec.metadata.labels)
     msg.metrics.update(job.metrics)
@@ -234,7 +241,12 @@ class SchedulerApi(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         # applied between reading it and its history would give a state the history lacks
         control = self.c.control
         job = control.get(job_id)
-        return job_pb(job, history=control.history(job.id), predicted=control.predicted(job))
+        return job_pb(
+            job,
+            history=control.history(job.id),
+            predicted=control.predicted(job),
+            rendezvous=control.rendezvous(job),
+        )
 
     @rpc_errors
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:

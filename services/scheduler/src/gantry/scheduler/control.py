@@ -68,7 +68,7 @@ from gantry.sched.queues import UNLIMITED, Amount
 from gantry.sched.spec import TrainingJob
 from gantry.scheduler import store
 from gantry.scheduler.progress import SaveThrottle, progress_record, supersedes
-from gantry.scheduler.rendezvous import master_addr, master_port
+from gantry.scheduler.rendezvous import master_addr, master_port, worker_port
 from gantry.scheduler.settings import SchedulerOptions
 
 SOURCE = "gantry/scheduler"
@@ -1108,6 +1108,15 @@ class Control:
             )
         if self.engine is not None:
             self.engine.set_schedulable(node, not degraded)
+
+    def rendezvous(self, job: JobRow) -> str:
+        """``host:port`` where the running attempt's rank 0 listens ("" when not placed): the
+        port a worker gets as ``MASTER_PORT`` (a dev session's server listens there)."""
+        if job.state not in ("scheduled", "running") or not job.placements:
+            return ""
+        rank0 = min(job.placements, key=lambda p: int(p.get("worker", 0)))["node"]
+        host = self._node_address(rank0) or rank0
+        return f"{host}:{worker_port(job.id, job.attempt, job.attempt_restarts)}"
 
     def _node_address(self, node: str) -> str:
         row = self.nodes.get(node)

@@ -30,6 +30,13 @@ def master_port(job_id: str, attempt: int) -> int:
     return PORT_BASE + (zlib.crc32(job_id.encode()) + (attempt - 1) * _STRIDE) % PORT_RANGE
 
 
+def worker_port(job_id: str, attempt: int, restarts: int) -> int:
+    """The port rank 0 listens on after its agent restarted the gang ``restarts`` times in the
+    attempt: the agent moves the attempt's port on by 7 per restart (its ``launch.master_port``)
+    so a restarted gang never meets the previous one's socket."""
+    return PORT_BASE + (master_port(job_id, attempt) - PORT_BASE + restarts * 7) % PORT_RANGE
+
+
 def master_addr(placements: Sequence[Mapping[str, Any]], address: Callable[[str], str]) -> str:
     """The address of the node that hosts rank 0, or ``""`` when the attempt runs on one node
     (its agent then uses loopback).
@@ -44,4 +51,4 @@ def master_addr(placements: Sequence[Mapping[str, Any]], address: Callable[[str]
     return address(node) or node
 
 
-__all__ = ["PORT_BASE", "PORT_RANGE", "master_addr", "master_port"]
+__all__ = ["PORT_BASE", "PORT_RANGE", "master_addr", "master_port", "worker_port"]

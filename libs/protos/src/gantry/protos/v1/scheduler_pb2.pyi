@@ -207,6 +207,7 @@ class Job(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     DATASET_VERSION_FIELD_NUMBER: _builtins.int
+    RENDEZVOUS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     queue: _builtins.str
@@ -240,6 +241,8 @@ class Job(_message.Message):
     """on success: the model version registered, as name:version"""
     dataset_version: _builtins.str
     """on success: the version committed for spec.output, as dataset@version"""
+    rendezvous: _builtins.str
+    """host:port where the running attempt's rank 0 listens (MASTER_ADDR:MASTER_PORT); "" when not placed"""
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerPlacement]: ...
     @_builtins.property
@@ -284,10 +287,11 @@ class Job(_message.Message):
         model: _builtins.str = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         dataset_version: _builtins.str = ...,
+        rendezvous: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dataset_version", b"dataset_version", "finished_ms", b"finished_ms", "gpu_milli", b"gpu_milli", "history", b"history", "id", b"id", "labels", b"labels", "metrics", b"metrics", "min_replicas", b"min_replicas", "model", b"model", "name", b"name", "owner", b"owner", "placements", b"placements", "pool", b"pool", "predicted_runtime_s", b"predicted_runtime_s", "priority", b"priority", "progress", b"progress", "queue", b"queue", "reason", b"reason", "replicas", b"replicas", "request_id", b"request_id", "restarts", b"restarts", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "submitted_ms", b"submitted_ms", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "dataset_version", b"dataset_version", "finished_ms", b"finished_ms", "gpu_milli", b"gpu_milli", "history", b"history", "id", b"id", "labels", b"labels", "metrics", b"metrics", "min_replicas", b"min_replicas", "model", b"model", "name", b"name", "owner", b"owner", "placements", b"placements", "pool", b"pool", "predicted_runtime_s", b"predicted_runtime_s", "priority", b"priority", "progress", b"progress", "queue", b"queue", "reason", b"reason", "rendezvous", b"rendezvous", "replicas", b"replicas", "request_id", b"request_id", "restarts", b"restarts", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "submitted_ms", b"submitted_ms", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

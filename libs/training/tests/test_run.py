@@ -412,3 +412,27 @@ def test_two_workers_train_and_rank_0_exports_the_whole_model(agent: Agent, fsdp
     manifest = json.loads((agent.output / "model.json").read_text())
     assert manifest["name"] == "tiny" and manifest["metrics"]["eval_loss"] < 0.5
     assert "finished after 8 steps" in results[0][1]  # 2 epochs of 256 / (32 x 2)
+
+
+# -- evaluation during training (eval_every) ----------------------------------------------------
+
+
+def test_eval_every_sends_an_evaluation_after_each_epoch(agent: Agent) -> None:
+    worker = agent.start("tinytask:task", "eval_every=1")
+    code, out, err = worker.finish()
+
+    assert code == 0, err
+    evaluations = worker.of_kind("evaluation")
+    assert [(r["epoch"], r["step"]) for r in evaluations] == [(1, 8), (2, 16)]
+    assert all(set(r) == {"kind", "step", "epoch", "metrics"} for r in evaluations)
+    losses = [r["metrics"]["eval_loss"] for r in evaluations]
+    assert all(set(r["metrics"]) == {"eval_loss"} for r in evaluations)
+    assert 0 < losses[1] < losses[0] < 1  # it learns
+    printed = [line for line in out.splitlines() if line.startswith("eval epoch")]
+    assert printed == [
+        f"eval epoch {e}: eval_loss={v:.4g}" for e, v in ((1, losses[0]), (2, losses[1]))
+    ]
+    # the last epoch's evaluation is the final one: the same model, not evaluated twice
+    metrics = json.loads((agent.output / "metrics.json").read_text())
+    assert metrics["eval_loss"] == losses[1]
+    assert f"finished after 16 steps: eval_loss={losses[1]:.4g}" in out

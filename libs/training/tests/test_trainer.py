@@ -1,9 +1,13 @@
 """The training loop: convergence, determinism, DDP and FSDP on gloo, accumulation, precision,
-activation checkpointing, stop on SIGTERM and the checkpoint hook's resume contract."""
+activation checkpointing, stop on SIGTERM, the checkpoint hook's resume contract and rank 0's
+evaluations during training."""
 
 from __future__ import annotations
 
 import copy
+import io
+import json
+import math
 import os
 import random
 import signal
@@ -20,11 +24,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
 from gantry.core import ConfigError, Conflict
 from gantry.sched.spec import Privacy, Training
 from gantry.training.precision import Precision, resolve_precision
+from gantry.training.progress import ProgressReporter
 from gantry.training.seeding import (
     capture_rng_state,
     derive_seed,
@@ -33,6 +39,7 @@ from gantry.training.seeding import (
     set_deterministic,
 )
 from gantry.training.trainer import (
+    EpochEvaluation,
     Hooks,
     SaveReason,
     StepMetrics,
@@ -140,11 +147,16 @@ def _rank_main(rank: int, store: str, out: str, fsdp: bool, micro: int) -> None:
 
 
 def run_two_ranks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fsdp: bool, micro: int = 16
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    fsdp: bool,
+    micro: int = 16,
+    main: Any = _rank_main,
 ) -> list[dict[str, Any]]:
     monkeypatch.syspath_prepend(str(ROOT))  # spawned children inherit sys.path
     args = (str(tmp_path / "store"), str(tmp_path), fsdp, micro)
-    ranks = mp.spawn(_rank_main, args=args, nprocs=2, join=False)
+    ranks = mp.spawn(main, args=args, nprocs=2, join=False)
     deadline = time.monotonic() + 60
     try:
         while not ranks.join(timeout=0.5):  # raises when a rank failed
@@ -517,3 +529,159 @@ def test_the_eta_counts_from_the_runs_step_after_a_resume() -> None:
     assert eta is not None and eta < 9 * 1.0  # 9 steps left, each far under a second here
     _, eta = clock.tick(64, 330)
     assert eta == 0
+
+
+# -- 9. evaluation during training (eval_every) -------------------------------------------------
+
+
+def dropout_mlp() -> nn.Module:
+    # dropout draws from the global generator every step: an evaluation that drew from it too
+    # and did not put it back would change the training
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 1))
+
+
+def mse_of(module: nn.Module) -> float:
+    x, y = regression().tensors
+    with torch.no_grad():
+        return float(mse(module(x), y))
+
+
+class Evaluations:
+    """An evaluate function that records how it was called, and a callback that keeps what the
+    trainer reports."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[nn.Module, bool, bool]] = []  # module, training, grad enabled
+        self.values: list[float] = []  # the mse each call returned
+        self.reported: list[EpochEvaluation] = []
+
+    def evaluate(self, module: nn.Module) -> dict[str, Any]:
+        self.calls.append((module, module.training, torch.is_grad_enabled()))
+        torch.rand(3)  # a draw from the training's generator
+        self.values.append(mse_of(module))
+        return {"mse": self.values[-1], "skipped": math.nan, "label": "not a number"}
+
+
+def test_eval_every_evaluates_after_each_epoch_on_rank_0_without_changing_the_training() -> None:
+    ev = Evaluations()
+    opts = options(epochs=3, eval_every=1)
+    trainer = Trainer(dropout_mlp, mse, regression, options=opts, env=WorkerEnv(),
+                      evaluate=ev.evaluate, evaluation_callbacks=[ev.reported.append])  # fmt: skip
+    history = trainer.fit()
+    plain = Trainer(dropout_mlp, mse, regression, options=options(epochs=3), env=WorkerEnv())
+
+    per_epoch = SAMPLES // 32
+    assert [(e.epoch, e.step) for e in ev.reported] == [(1, 8), (2, 16), (3, 24)]
+    assert [e.metrics["mse"] for e in ev.reported] == ev.values
+    assert ev.reported[0].metrics["mse"] > ev.reported[-1].metrics["mse"]  # it learns
+    # the last one evaluated the model as the run left it: after epoch 3, in eval mode
+    assert ev.reported[-1].metrics["mse"] == mse_of(trainer.state.module.eval())
+    assert all(m is trainer.state.module and not training and not grad
+               for m, training, grad in ev.calls)  # fmt: skip
+    assert trainer.state.module.training is False  # put in eval mode above, by the test
+    assert history == plain.fit()  # bit for bit: the evaluations changed nothing
+    assert len(history) == 3 * per_epoch
+
+
+def test_eval_every_skips_epochs_and_a_run_ended_mid_epoch_is_not_evaluated_there() -> None:
+    def run(ev: Evaluations, stop_after: int = 0, **changes: Any) -> Trainer:
+        trainer = Trainer(
+            mlp,
+            mse,
+            regression,
+            options=options(**changes),
+            env=WorkerEnv(),
+            evaluate=ev.evaluate,
+            evaluation_callbacks=[ev.reported.append],
+            # a stop asked for in step 7 is agreed on in step 8, the epoch's last
+            callbacks=[lambda m: m.step == stop_after and stop()],
+        )
+        stop = trainer.request_stop
+        trainer.fit()
+        return trainer
+
+    every_2, cut, stopped = Evaluations(), Evaluations(), Evaluations()
+    run(every_2, epochs=5, eval_every=2)
+    run(cut, epochs=3, max_steps=20, eval_every=1)  # two epochs of 8 steps, then 4 of the third
+    trainer = run(stopped, stop_after=7, epochs=3, eval_every=1)
+
+    assert [(e.epoch, e.step) for e in every_2.reported] == [(2, 16), (4, 32)]
+    assert [(e.epoch, e.step) for e in cut.reported] == [(1, 8), (2, 16)]
+    assert trainer.stopped and trainer.state.step == 8 and not stopped.calls  # stop: no delay
+    with pytest.raises(ConfigError, match="eval_every must not be negative"):
+        options(eval_every=-1)
+
+
+def test_evaluation_records_go_through_the_progress_pipe(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    printed = io.StringIO()
+    reporter = ProgressReporter(fd=write_end, out=printed)
+    ev = Evaluations()
+    trainer = Trainer(mlp, mse, regression, options=options(epochs=2, eval_every=1),
+                      env=WorkerEnv(), callbacks=[reporter], evaluate=ev.evaluate,
+                      evaluation_callbacks=[reporter.evaluated])  # fmt: skip
+    trainer.fit()
+    reporter.close()
+    with os.fdopen(read_end) as pipe:
+        records = [json.loads(line) for line in pipe]
+
+    evaluations = [r for r in records if r["kind"] == "evaluation"]
+    assert evaluations == [  # only the finite numbers
+        {"kind": "evaluation", "step": 8, "epoch": 1, "metrics": {"mse": ev.values[0]}},
+        {"kind": "evaluation", "step": 16, "epoch": 2, "metrics": {"mse": ev.values[1]}},
+    ]
+    lines = [ln for ln in printed.getvalue().splitlines() if ln.startswith("eval ")]
+    assert lines == [
+        f"eval epoch {e}: mse={v:.4g} (not finite numbers: label, skipped)"
+        for e, v in zip((1, 2), ev.values, strict=True)
+    ]
+
+
+def _evaluating_rank_main(rank: int, store: str, out: str, fsdp: bool, micro: int) -> None:
+    warnings.simplefilter("error")
+    torch.set_num_threads(1)
+    env = WorkerEnv(rank=rank, world_size=2, init_method=f"file://{store}")
+    evaluations: list[EpochEvaluation] = []
+    steps: list[StepMetrics] = []
+
+    def slow_evaluate(module: nn.Module) -> dict[str, float]:
+        time.sleep(0.4)  # the other rank must wait for it in its next all-reduce, not hang
+        return {"wrapped": float(isinstance(module, DistributedDataParallel))}
+
+    opts = options(fsdp=fsdp, micro_batch_size=micro, epochs=2, eval_every=1)
+    with Trainer(
+        mlp,
+        mse,
+        regression,
+        options=opts,
+        env=env,
+        callbacks=[steps.append],
+        evaluate=slow_evaluate,
+        evaluation_callbacks=[evaluations.append],
+    ) as trainer:
+        history = trainer.fit()
+    result = {
+        "history": history,
+        "evaluations": [(e.epoch, e.step, e.metrics) for e in evaluations],
+        "step_s": {m.step: m.step_s for m in steps},
+    }
+    torch.save(result, f"{out}/rank{rank}.pt")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_rank_0_evaluates_alone_and_the_other_rank_waits_in_its_next_all_reduce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsdp: bool
+) -> None:
+    ranks = run_two_ranks(tmp_path, monkeypatch, fsdp=fsdp, main=_evaluating_rank_main)
+
+    assert ranks[0]["history"] == ranks[1]["history"] and len(ranks[0]["history"]) == 16
+    assert ranks[1]["evaluations"] == []  # only rank 0 evaluates
+    if fsdp:  # a sharded model is evaluated only once training is done (by the runtime)
+        assert ranks[0]["evaluations"] == []
+        return
+    assert ranks[0]["evaluations"] == [(1, 8, {"wrapped": 0.0}), (2, 16, {"wrapped": 0.0})]
+    # the first step after an evaluation: rank 1 waited there for rank 0's 0.4 s
+    assert ranks[1]["step_s"][9] > 0.25

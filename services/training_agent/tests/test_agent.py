@@ -192,6 +192,49 @@ async def test_the_metrics_rank_0_wrote_come_with_success_and_a_bad_file_is_only
     ), notes
 
 
+#: Writes evaluation records to its progress pipe as the runtime's rank 0 does with eval_every,
+#: and malformed ones between them.
+EVALUATES = textwrap.dedent(
+    """
+    import json, os
+    records = [
+        {"kind": "evaluation", "step": 8, "epoch": 1,
+         "metrics": {"accuracy": 0.75, "eval_loss": 0.5}},
+        {"kind": "evaluation", "step": 12, "epoch": 2, "metrics": {"accuracy": "high"}},
+        {"kind": "evaluation", "step": 12, "epoch": 2, "metrics": [0.5]},
+        {"kind": "evaluation", "step": 12, "epoch": 2},
+        {"kind": "evaluation", "step": -1, "epoch": 2, "metrics": {}},
+        {"kind": "evaluation", "step": 16, "epoch": 2,
+         "metrics": {"accuracy": 0.8, "eval_loss": float("nan")}},
+    ]
+    with os.fdopen(int(os.environ["GANTRY_PROGRESS_FD"]), "w") as pipe:
+        for record in records:
+            pipe.write(json.dumps(record) + "\\n")
+    """
+)
+
+
+async def test_evaluation_records_become_signed_evaluation_events(
+    env: Env, agent: NodeAgent
+) -> None:
+    job = env.scheduler.job(EVALUATES)
+    await env.scheduler.schedule(job)
+
+    await env.watch.report(job.job_id, "succeeded")
+    events = await env.watch.until("gantry.metrics.job.evaluation", 2, job_id=job.job_id)
+    await asyncio.sleep(0.2)  # nothing more comes: the malformed records were dropped
+    events = env.watch.of("gantry.metrics.job.evaluation", job_id=job.job_id)
+    assert [(e.data["step"], e.data["epoch"], e.data["metrics"]) for e in events] == [
+        (8, 1, {"accuracy": 0.75, "eval_loss": 0.5}),
+        (16, 2, {"accuracy": 0.8}),
+    ]  # NaN: left out
+    for e in events:
+        assert e.source == "gantry/training-agent" and e.subject == job.job_id
+        assert (e.data["attempt"], e.data["node"]) == (1, NODE) and e.data["at_ms"] > 0
+    heads = [s.headers for s in env.watch.seen if s.subject == "gantry.metrics.job.evaluation"]
+    assert all(h["Gantry-Signature"].startswith("svc-training-agent:") for h in heads)
+
+
 async def test_an_output_without_governance_fails_the_job_and_keeps_the_files(
     env: Env, agent: NodeAgent
 ) -> None:

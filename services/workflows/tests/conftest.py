@@ -119,6 +119,7 @@ class FakePlatform:
             dataset_version=d.get("dataset_version", ""),
             metrics=d.get("metrics", {}),
             device_seconds=d.get("device_seconds", 0.0),
+            rendezvous=d.get("rendezvous", ""),
         )
 
     def cancel_job(self, job_id: str, reason: str, *, owner: Owner) -> None:

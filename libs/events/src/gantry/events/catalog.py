@@ -620,6 +620,19 @@ class JobEvaluation(EventData):
     at_ms: int = 0
 
 
+class DevSessionChanged(EventData):
+    """A dev session changed state (``gantry.workflow.session.changed``)."""
+
+    session: str
+    state: str
+    previous: str = ""
+    reason: str = ""
+    owner: str = ""
+    generation: int = Field(default=1, ge=1, description="1, +1 per resume")
+    job_id: str = ""
+    endpoint: str = Field(default="", description="host:port of its server while it runs")
+
+
 @dataclass(frozen=True)
 class EventSpec:
     """One catalog entry."""
@@ -762,6 +775,12 @@ SERVING_VERSION = register(
 SERVING_SCALED = register(
     "gantry.serving.scaled", 1, ServingScaled, "A deployed version's instances were scaled."
 )
+DEV_SESSION_CHANGED = register(
+    "gantry.workflow.session.changed",
+    1,
+    DevSessionChanged,
+    "A dev session started, was culled, expired, stopped, preempted or resumed.",
+)
 EXPERIMENT_CHANGED = register(
     "gantry.workflow.experiment.changed",
     1,
@@ -793,6 +812,7 @@ __all__ = [
     "AUTHZ_DECISION",
     "DATASET_CREATED",
     "DATA_ACCESSED",
+    "DEV_SESSION_CHANGED",
     "EXPERIMENT_CHANGED",
     "GARBAGE_COLLECTED",
     "GRANT_ISSUED",
@@ -832,6 +852,7 @@ __all__ = [
     "DataAccessed",
     "DatasetCreated",
     "DatasetUse",
+    "DevSessionChanged",
     "EventData",
     "EventSpec",
     "ExperimentChanged",

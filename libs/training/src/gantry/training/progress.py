@@ -4,7 +4,10 @@ The agent gives each worker a pipe (``GANTRY_PROGRESS_FD``); a :class:`ProgressR
 writes JSON lines to it: ``{"kind": "progress", ...}`` from rank 0 at most every
 ``progress_s`` seconds (how far the job is), and ``{"kind": "steps", ...}`` from every rank
 once per window of steps (where the step time goes, for the profiler). The agent turns them
-into ``gantry.metrics.job.progress`` and ``gantry.metrics.job.step`` events. Never one message
+into ``gantry.metrics.job.progress`` and ``gantry.metrics.job.step`` events. With
+``eval_every``, rank 0 also sends ``{"kind": "evaluation", "step": ..., "epoch": ...,
+"metrics": {...}}`` after each evaluation during training (finite numbers only), which the
+agent turns into a ``gantry.metrics.job.evaluation`` event. Never one message
 per tiny step: a window closes after ``window_steps`` steps once ``min_window_s`` has passed,
 or after ``window_s`` seconds, so a worker sends at most one window per ``min_window_s`` (4 a
 second by default) however short its steps, and the profiler sees a slow rank within a few
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
 import sys
@@ -25,7 +29,7 @@ from typing import IO, Any
 
 import torch
 
-from gantry.training.trainer import StepMetrics
+from gantry.training.trainer import EpochEvaluation, StepMetrics
 
 
 def format_eta(seconds: float | None) -> str:
@@ -140,6 +144,33 @@ class ProgressReporter:
                 "memory_mib": peak_memory_mib(),
             }
         )
+
+    def evaluated(self, evaluation: EpochEvaluation) -> None:
+        """A trainer evaluation callback: send rank 0's metrics after an epoch and print them
+        (``eval epoch 3: accuracy=0.8123 eval_loss=0.41``). Only finite numbers are sent; the
+        others are named in the printed line."""
+        metrics, dropped = {}, []
+        for name, value in evaluation.metrics.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if math.isfinite(number):
+                metrics[str(name)] = number
+            else:
+                dropped.append(str(name))
+        self._send(
+            {
+                "kind": "evaluation",
+                "step": evaluation.step,
+                "epoch": evaluation.epoch,
+                "metrics": metrics,
+            }
+        )
+        shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "no metrics"
+        if dropped:
+            shown += f" (not finite numbers: {', '.join(sorted(dropped))})"
+        print(f"eval epoch {evaluation.epoch}: {shown}", file=self._out, flush=True)
 
     def send(self, record: dict[str, Any]) -> None:
         """Send another record (e.g. ``{"kind": "epsilon", ...}``) to the agent."""

@@ -5,7 +5,9 @@ The node agent starts this for a job whose ``spec.entrypoint`` is a ``task``. It
 user's :class:`~gantry.training.task.Task`, builds the options from the job spec, wires
 compression, checkpoints (encrypted, in the object store, under the job's id), DP-SGD and
 progress reporting, and trains. SIGTERM (preemption, cancel) checkpoints and exits 0 at the
-next step boundary. When training finishes, rank 0 evaluates, writes the metrics
+next step boundary. With ``eval_every=N`` rank 0 also evaluates the model after every N-th
+epoch, as it does at the end, prints the metrics and sends them to the agent (which publishes
+``gantry.metrics.job.evaluation``). When training finishes, rank 0 evaluates, writes the metrics
 (``metrics.json``), exports the model and writes the manifest the agent registers (all into
 ``$GANTRY_OUTPUT_DIR``).
 
@@ -25,7 +27,7 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,13 @@ from gantry.training.task import (
     split_params,
 )
 from gantry.training.tracing import TraceOnRequest
-from gantry.training.trainer import Trainer, TrainingOptions, WorkerEnv
+from gantry.training.trainer import (
+    EpochEvaluation,
+    EvaluateFn,
+    Trainer,
+    TrainingOptions,
+    WorkerEnv,
+)
 
 EXIT_USER_ERROR = 1
 EXIT_CONFIG = 2
@@ -101,6 +109,7 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
     hooks, checkpoints, privacy = hooks_for(options, env, checkpoints=manager, marker=marker)
     reporter = ProgressReporter.from_environ()
     tracer = TraceOnRequest.from_environ()
+    evaluations: list[EpochEvaluation] = []
     trainer = Trainer(
         task.model,
         task.loss,
@@ -109,6 +118,8 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
         env=env,
         hooks=hooks,
         callbacks=[reporter] if tracer is None else [reporter, tracer],
+        evaluate=_evaluation_during_training(task, ctx, options),
+        evaluation_callbacks=[reporter.evaluated, evaluations.append],
     )
     try:
         with trainer:
@@ -132,7 +143,12 @@ def run(reference: str, args: Sequence[str], settings: WorkerSettings) -> int:
                     plain.load_state_dict(full)
                     _finish(task, trainer, ctx, options, name, reference, settings, privacy, plain)
             elif env.rank == 0:
-                _finish(task, trainer, ctx, options, name, reference, settings, privacy)
+                last = evaluations[-1] if evaluations else None
+                # the last epoch's evaluation is the final one when no step came after it
+                done = last.metrics if last and last.step == trainer.state.step else None
+                _finish(
+                    task, trainer, ctx, options, name, reference, settings, privacy, evaluated=done
+                )
         return 0
     finally:
         reporter.close()
@@ -168,17 +184,19 @@ def _finish(
     settings: WorkerSettings,
     privacy: Any,
     module: torch.nn.Module | None = None,
+    *,
+    evaluated: Mapping[str, Any] | None = None,
 ) -> None:
     """Evaluate, export and write the manifest (rank 0, after training); ``module`` is the
-    trained model when the trainer's is sharded."""
-    module = module if module is not None else trainer.state.module
-    unwrap = getattr(module, "_module", None)  # Opacus' GradSampleModule keeps the model here
-    if isinstance(unwrap, torch.nn.Module):
-        module = unwrap
+    trained model when the trainer's is sharded; ``evaluated``, the metrics of an evaluation
+    of the model as it is now (during training, after the last step), reused."""
+    module = _plain(module if module is not None else trainer.state.module)
     module.eval()
     history = trainer.state.history
     metrics: dict[str, Any] = {"final_loss": history[-1] if history else math.nan}
-    metrics.update(_evaluate(task, module, ctx, options))
+    if evaluated is None:
+        evaluated = _evaluate(task, module, ctx, options)
+    metrics.update(evaluated)
     if privacy is not None:
         metrics["dp_epsilon"] = privacy.epsilon()
         metrics["dp_delta"] = privacy.privacy.delta
@@ -243,6 +261,23 @@ def evaluate(reference: str, args: Sequence[str], settings: WorkerSettings) -> i
     if settings.output_dir is not None:
         write_metrics(settings.output_dir, metrics)
     return 0
+
+
+def _plain(module: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside a privacy wrapper (Opacus' GradSampleModule keeps it in
+    ``_module``), or ``module`` itself."""
+    inner = getattr(module, "_module", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def _evaluation_during_training(
+    task: Task, ctx: DataContext, options: TrainingOptions
+) -> EvaluateFn | None:
+    """How rank 0 evaluates after an epoch (``eval_every``): as at the end of training; None
+    when the task has nothing to evaluate with."""
+    if task.evaluate is None and task.eval_dataset is None:
+        return None
+    return lambda module: _evaluate(task, _plain(module), ctx, options)
 
 
 def _evaluate(

@@ -238,7 +238,7 @@ def load_task(reference: str) -> Task:
 
 _OPTION_NAMES = {f.name for f in fields(TrainingOptions)}
 _SPEC_OWNED = {"precision", "gradient_accumulation", "compression", "checkpoint_interval_s"}
-_INT_OPTIONS = {"micro_batch_size", "epochs", "max_steps", "seed", "num_workers"}
+_INT_OPTIONS = {"micro_batch_size", "epochs", "max_steps", "seed", "num_workers", "eval_every"}
 _BOOL_OPTIONS = {"deterministic", "fsdp", "step_metrics"}
 
 

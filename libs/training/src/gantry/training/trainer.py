@@ -12,7 +12,10 @@ job spec's ``training`` section::
 One :class:`Trainer` per worker process: it joins the job's process group from the node
 agent's environment (:class:`WorkerEnv`), wraps the model in ``DistributedDataParallel`` (or
 shards it with FSDP), splits the data with a ``DistributedSampler``, accumulates gradients,
-runs in the requested precision and reports every optimizer step to its callbacks.
+runs in the requested precision and reports every optimizer step to its callbacks. With
+``eval_every`` and an ``evaluate`` function, rank 0 also evaluates the model at the end of every
+``eval_every``-th epoch and hands the metrics to its evaluation callbacks
+(:class:`EpochEvaluation`).
 
 Features built elsewhere plug in through :class:`Hooks`: gradient compression
 (:class:`CommHook`), checkpoints (:class:`CheckpointHook`, called at step boundaries -- every
@@ -53,12 +56,18 @@ from gantry.core.logging import get_logger
 from gantry.sched.spec import Privacy, Training
 from gantry.training.augment import Augmentation, AugmentedDataset, parse_augmentation
 from gantry.training.precision import Precision, PrecisionMode
-from gantry.training.seeding import derive_seed, seed_everything
+from gantry.training.seeding import (
+    capture_rng_state,
+    derive_seed,
+    restore_rng_state,
+    seed_everything,
+)
 
 ModelFn = Callable[[], nn.Module]
 LossFn = Callable[[Any, Any], torch.Tensor]
 DatasetFn = Callable[[], Dataset[Any]]
 OptimizerFactory = Callable[[list[nn.Parameter]], Optimizer]
+EvaluateFn = Callable[[nn.Module], Mapping[str, Any]]
 SaveReason = Literal["interval", "stop"]
 ModuleSelector = str | type[nn.Module]
 
@@ -195,6 +204,12 @@ class TrainingOptions:
     """Time where each step goes (data, forward, backward, communication, optimizer) for the
     profiler; off, the phases but communication are still timed, with no hooks on the
     gradients (bench/profiler.py measures what it costs)."""
+    eval_every: int = 0
+    """Epochs between evaluations during training: rank 0 evaluates the model after every
+    ``eval_every``-th epoch (the metrics a hyperparameter search prunes poor trials by); 0:
+    only the runtime's evaluation once training is done. The other ranks do not wait for it
+    until their next gradient all-reduce, which fails after 10 minutes: an evaluation must take
+    less than that."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -217,8 +232,8 @@ class TrainingOptions:
                 f"unknown compression {self.compression!r}",
                 hint=f"use one of {', '.join(_COMPRESSIONS)}",
             )
-        if self.num_workers < 0 or self.seed < 0:
-            raise ConfigError("num_workers and seed must not be negative")
+        if self.num_workers < 0 or self.seed < 0 or self.eval_every < 0:
+            raise ConfigError("num_workers, seed and eval_every must not be negative")
         parse_augmentation(self.augment)  # fail here, not in the first epoch
 
     @classmethod
@@ -272,6 +287,19 @@ class StepMetrics:
     """Samples this rank processed in the step."""
     tokens: int = 0
     """Tokens this rank processed in the step (sequence inputs; 0 for other data)."""
+
+
+@dataclass(frozen=True)
+class EpochEvaluation:
+    """Rank 0's evaluation of the model at the end of an epoch (``eval_every``)."""
+
+    step: int
+    """Optimizer steps done when it ran."""
+    epoch: int
+    """Epochs done: 1 after the first (the epoch of :class:`StepMetrics` plus one)."""
+    metrics: dict[str, Any]
+    """What the evaluate function returned, as it returned it (NaN and non-numbers included:
+    whoever sends them on keeps what it can)."""
 
 
 @dataclass
@@ -408,9 +436,14 @@ class Trainer:
 
     ``env`` defaults to :meth:`WorkerEnv.from_environ`. A world of one worker trains without a
     process group. ``callbacks`` are called with :class:`StepMetrics` after every optimizer
-    step. A trainer trains once; :meth:`fit` leaves the process group it created torn down
-    when it returns, unless the trainer is used as a context manager, in which case leaving
-    the ``with`` block does (so sharded FSDP parameters can still be gathered in it).
+    step. With ``options.eval_every``, rank 0 calls ``evaluate(module)`` at the end of every
+    ``eval_every``-th epoch -- with the user's module (never the DDP wrapper), in eval mode,
+    without gradients, and with the random generators as they were before, so evaluating does
+    not change the training -- and ``evaluation_callbacks`` with the :class:`EpochEvaluation`;
+    a sharded (FSDP) model is not evaluated per epoch. A trainer trains once; :meth:`fit`
+    leaves the process group it created torn down when it returns, unless the trainer is used
+    as a context manager, in which case leaving the ``with`` block does (so sharded FSDP
+    parameters can still be gathered in it).
     """
 
     def __init__(
@@ -423,6 +456,8 @@ class Trainer:
         env: WorkerEnv | None = None,
         hooks: Hooks | None = None,
         callbacks: Sequence[Callable[[StepMetrics], None]] = (),
+        evaluate: EvaluateFn | None = None,
+        evaluation_callbacks: Sequence[Callable[[EpochEvaluation], None]] = (),
     ) -> None:
         self.options = options or TrainingOptions()
         self.env = env or WorkerEnv.from_environ()
@@ -431,6 +466,9 @@ class Trainer:
         self._loss_fn = loss_fn
         self._dataset_fn = dataset_fn
         self._callbacks = tuple(callbacks)
+        self._evaluate = evaluate
+        self._evaluation_callbacks = tuple(evaluation_callbacks)
+        self._evaluation_skipped = False
         self._check_hooks()
         self._stop_requested = False
         self._state: TrainState | None = None
@@ -540,6 +578,8 @@ class Trainer:
                     hint="pass hooks=Hooks(comm=...) or set training.compression to none",
                 )
             _log.info("compression has nothing to do with one worker", asked=options.compression)
+        if options.eval_every and self._evaluate is None and self.env.rank == 0:
+            _log.warning("eval_every is set but there is no evaluation: nothing to evaluate")
 
     def _pick_device(self) -> torch.device:
         if self.options.device is not None:
@@ -695,6 +735,7 @@ class Trainer:
             batches = first + len(loader)
             loss_sum = torch.zeros((), device=self.device)
             phases = _Phases(self._grad_clock, _marks_for(self.device))
+            ended = True  # unless the run ends mid-epoch: the loader runs out
             for index, batch in enumerate(loader, start=first):
                 phases.batch_arrived(batch)
                 group_start = index - index % accumulation
@@ -723,7 +764,12 @@ class Trainer:
                     self.hooks.checkpoint.save(state, "interval")
                     last_save = time.monotonic()
                 if state.step >= total_steps:
-                    return
+                    ended = state.batch_in_epoch >= batches  # the run's last step ends an epoch
+                    break
+            if ended:
+                self._end_epoch(state)
+            if state.step >= total_steps:
+                return
             state.epoch += 1
             state.batch_in_epoch = 0
 
@@ -807,6 +853,30 @@ class Trainer:
         for callback in self._callbacks:
             callback(metrics)
 
+    def _end_epoch(self, state: TrainState) -> None:
+        """Rank 0 evaluates after every ``eval_every``-th epoch; the other ranks go on at once.
+
+        No collective runs here (the module is the user's, not the DDP wrapper, whose forward
+        would broadcast buffers), so nothing waits on anything the other ranks do: their next
+        gradient all-reduce simply waits for rank 0 to finish evaluating and join it.
+        """
+        every, done = self.options.eval_every, state.epoch + 1
+        if not every or done % every or self.env.rank != 0 or self._evaluate is None:
+            return
+        module = state.module
+        if isinstance(module, FSDPModule):
+            if not self._evaluation_skipped:
+                self._evaluation_skipped = True
+                _log.warning(
+                    "eval_every: a sharded (FSDP) model is evaluated only once training is done",
+                    epoch=done,
+                )
+            return
+        metrics = _evaluated(self._evaluate, module)
+        evaluation = EpochEvaluation(step=state.step, epoch=done, metrics=metrics)
+        for callback in self._evaluation_callbacks:
+            callback(evaluation)
+
     def _stop(self, state: TrainState) -> None:
         self.stopped = True
         if self.hooks.checkpoint is not None:
@@ -817,6 +887,20 @@ class Trainer:
             checkpointed=self.hooks.checkpoint is not None,
             rank=self.env.rank,
         )
+
+
+def _evaluated(evaluate: EvaluateFn, module: nn.Module) -> dict[str, Any]:
+    """``evaluate(module)`` in eval mode and without gradients, leaving the module's mode and
+    the random generators as they were (an evaluation's draws must not change the training)."""
+    training = module.training
+    rng = capture_rng_state()
+    module.eval()
+    try:
+        with torch.no_grad():
+            return dict(evaluate(module))
+    finally:
+        module.train(training)
+        restore_rng_state(rng)
 
 
 @dataclass(frozen=True)
@@ -1127,6 +1211,8 @@ __all__ = [
     "CheckpointHook",
     "CommHook",
     "DatasetFn",
+    "EpochEvaluation",
+    "EvaluateFn",
     "Hooks",
     "LossFn",
     "ModelFn",

@@ -11,7 +11,8 @@ What it promises, on the bus (all events signed with the ``training-agent`` serv
   names ``model``; ``GANTRY_MODEL_DIR`` points there; a failed download fails the job), one
   process per worker with the rendezvous environment, ``gantry.job.workers``
   "started", the workers' output as ``gantry.log.job`` batches, their progress as
-  ``gantry.metrics.job.progress`` and their step timings as ``gantry.metrics.job.step``.
+  ``gantry.metrics.job.progress``, their step timings as ``gantry.metrics.job.step`` and rank
+  0's evaluations during training (``eval_every``) as ``gantry.metrics.job.evaluation``.
 - A worker that crashes after training began restarts the node's workers from the last
   checkpoint ("restarted"), up to ``restart_limit`` times; past it, or a worker that fails
   before its first step, reports "failed" with the worker's last error line.
@@ -50,6 +51,7 @@ from typing import Any, Literal
 from gantry.core import GantryError, Unavailable, get_logger
 from gantry.events import Bus, ConsumerRunner, ConsumerSpec, Delivery, PermanentError, Publisher
 from gantry.events.catalog import (
+    JOB_EVALUATION,
     JOB_PROGRESS,
     JOB_SCHEDULED,
     JOB_STEP_METRICS,
@@ -58,6 +60,7 @@ from gantry.events.catalog import (
     NODE_HEARTBEAT,
     NODE_REGISTERED,
     TRACE_REQUESTED,
+    JobEvaluation,
     JobProgress,
     JobScheduled,
     JobStepMetrics,
@@ -69,6 +72,7 @@ from gantry.events.catalog import (
 )
 from gantry.events.envelope import EventEnvelope
 from gantry.security.keyring import SERVICE_KID_PREFIX, Keyring
+from gantry.training.outputs import MAX_METRIC_NAME, MAX_METRICS
 from gantry.training_agent.governance import GovernanceLink, Grant
 from gantry.training_agent.inventory import NodeInventory, UsageSampler
 from gantry.training_agent.launch import (
@@ -620,6 +624,17 @@ class NodeAgent:
                     **fields,
                 )
                 await self._publish_metric(JOB_STEP_METRICS.type, data, attempt)
+            elif kind == "evaluation":
+                data = JobEvaluation(
+                    job_id=attempt.job_id,
+                    attempt=attempt.attempt,
+                    node=self.node,
+                    step=int(record["step"]),
+                    epoch=int(record["epoch"]),
+                    metrics=_evaluation_metrics(record["metrics"]),
+                    at_ms=int(now * 1000),
+                )
+                await self._publish_metric(JOB_EVALUATION.type, data, attempt)
             elif kind == "epsilon":
                 self.note(attempt, f"dp-sgd epsilon spent: {float(record['epsilon']):.4f}")
         except (KeyError, TypeError, ValueError) as exc:  # a malformed record: note, go on
@@ -896,6 +911,25 @@ class NodeAgent:
             await self._publisher.publish(ev)
         except Unavailable as exc:
             _log.error("worker report lost", job=attempt.job_id, status=status, error=str(exc))
+
+
+def _evaluation_metrics(raw: Any) -> dict[str, float]:
+    """An evaluation record's metrics: names to numbers, the non-finite ones left out; a
+    ValueError or TypeError for anything else (the record is then dropped)."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"evaluation metrics are a {type(raw).__name__}, not an object")
+    if len(raw) > MAX_METRICS:
+        raise ValueError(f"{len(raw)} evaluation metrics, more than {MAX_METRICS}")
+    metrics = {}
+    for name, value in raw.items():
+        if len(name) > MAX_METRIC_NAME:
+            raise ValueError(f"an evaluation metric's name is longer than {MAX_METRIC_NAME}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"evaluation metric {name!r} is {value!r}, not a number")
+        number = _finite(value)
+        if number is not None:
+            metrics[name] = number
+    return metrics
 
 
 def _finite(value: Any) -> float | None:

@@ -41,6 +41,8 @@ class JobStatus:
     attempt: int = 0
     device_seconds: float = 0.0
     """Run time times devices (GPUs, or 1 per CPU-only worker), over its workers."""
+    rendezvous: str = ""
+    """``host:port`` where its running rank 0 listens (a dev session's server)."""
 
     @property
     def terminal(self) -> bool:
@@ -154,6 +156,7 @@ class ServicePlatform:
             metrics=dict(getattr(info, "metrics", {}) or {}),
             attempt=info.attempt,
             device_seconds=devices * ran_ms / 1000 if info.started_ms else 0.0,
+            rendezvous=info.rendezvous,
         )
 
     def cancel_job(self, job_id: str, reason: str, *, owner: Owner) -> None:

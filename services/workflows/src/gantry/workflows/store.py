@@ -117,6 +117,27 @@ trials = sa.Table(
     sa.Index("ix_wf_trials_job", "job_id"),
 )
 
+sessions = sa.Table(
+    "wf_sessions",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("roles_json", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("token", sa.String(128), nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False),
+    sa.Column("job_id", sa.String(64), nullable=False),
+    sa.Column("endpoint", sa.String(256), nullable=False, default=""),
+    sa.Column("active_s", sa.Float, nullable=False, default=0.0),
+    sa.Column("history_json", sa.Text, nullable=False, default="[]"),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("started_ms", sa.BigInteger, nullable=False, default=0),
+    sa.Column("ended_ms", sa.BigInteger, nullable=False, default=0),
+    sa.Index("ix_wf_sessions_state", "state"),
+)
+
 schema_version = sa.Table(
     "wf_schema_version", metadata, sa.Column("version", sa.Integer, primary_key=True)
 )
@@ -138,7 +159,11 @@ def _migrate_v2(conn: sa.Connection) -> None:
     trials.create(conn, checkfirst=True)
 
 
-MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
+def _migrate_v3(conn: sa.Connection) -> None:
+    sessions.create(conn, checkfirst=True)
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
 
 
 def connect(url: str) -> sa.Engine:

@@ -85,7 +85,15 @@ def test_platform_runs_audit_kills_restarts_and_stops_cleanly(tmp_path: Path) ->
         with pytest.raises(NotFound):
             platform.address("billing")
         pids = platform.pids()
-        assert set(pids) == {"audit", "governance", "scheduler", "serving", "profiler", "nats"}
+        assert set(pids) == {
+            "audit",
+            "governance",
+            "scheduler",
+            "serving",
+            "profiler",
+            "workflows",
+            "nats",
+        }
     assert platform.wait() is None  # stopped
     assert not [name for name, pid in pids.items() if alive(pid)]
     assert not (data / "run" / "nats.json").exists()

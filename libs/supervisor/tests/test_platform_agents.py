@@ -69,7 +69,7 @@ def test_the_scheduler_runs_and_a_local_agent_registers_its_node(tmp_path: Path)
     assert (
         platform.services
         == DEFAULT_SERVICES
-        == ("audit", "governance", "scheduler", "serving", "profiler")
+        == ("audit", "governance", "scheduler", "serving", "profiler", "workflows")
     )
     with platform:
         assert platform.service_info("scheduler")["pid"] == platform.pid("scheduler")

@@ -106,6 +106,7 @@ def test_the_scheduler_runs_and_a_local_agent_registers_its_node(tmp_path: Path)
             "scheduler",
             "serving",
             "profiler",
+            "workflows",
             "agent-n1",
             "nats",
         }

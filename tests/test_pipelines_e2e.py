@@ -1,26 +1,21 @@
-"""Pipelines on the whole embedded platform (NATS, every service, two node agents): a real
-preprocess → train → evaluate → gated canary deploy, once passing its gate and once failing
-it while the workflows service is killed mid-run and restarted; and a cron pipeline on the
-real clock."""
+"""Pipelines on the whole embedded platform (NATS, every service, two node agents; the
+``platform`` and ``version`` fixtures of ``tests/conftest.py``): a real preprocess → train →
+evaluate → gated canary deploy, once passing its gate and once failing it while the workflows
+service is killed mid-run and restarted; and a cron pipeline on the real clock."""
 
 from __future__ import annotations
 
 import datetime as dt
 import textwrap
 import time
-from collections.abc import Iterator
 
-import pytest
 import yaml
 
 from gantry.client.admin import create_token
-from gantry.client.demo_training import POLICY, churn_columns
-from gantry.client.governance import GovernanceClient
 from gantry.client.scheduler import SchedulerClient
 from gantry.client.serving import ServingClient
-from gantry.client.specs import ColumnSpec
 from gantry.client.workflows import RunInfo, WorkflowsClient
-from gantry.supervisor.platform import Platform, local_agents
+from gantry.supervisor.platform import Platform
 
 OWNER = "mia-mlops"
 PIPELINE = textwrap.dedent(
@@ -66,45 +61,8 @@ PIPELINE = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    data = tmp_path_factory.mktemp("platform") / "data"
-    logs: list[str] = []
-    running = Platform(
-        data,
-        nats_port=0,
-        agents=local_agents(2, gpus=0),
-        service_env={"GANTRY_WORKFLOWS__TICK_S": "0.2", "GANTRY_WORKFLOWS__POLL_S": "0.5"},
-        log_sink=logs.append,
-    )
-    running.start()
-    yield running
-    running.stop()
-
-
 def _token(platform: Platform, who: str, roles: list[str]) -> str:
     return create_token(platform.data_dir, who, roles, dt.timedelta(hours=1))
-
-
-@pytest.fixture(scope="module")
-def version(platform: Platform) -> str:
-    """``churn`` uploaded and committed by a steward; ``churn-features`` created for the data
-    step to commit into."""
-    from gantry.training.examples.tabular import FEATURES_SCHEMA_YAML, churn_table
-
-    steward = _token(platform, "sam-steward", ["data-steward"])
-    with GovernanceClient(platform.address("governance"), steward) as gov:
-        gov.create_dataset("churn", columns=churn_columns(), description="churn (example)")
-        up = gov.upload_table("churn", churn_table(3000))
-        committed = gov.commit("churn", [up.upload_id], "snapshot")
-        gov.set_view_policy("churn", POLICY)
-        features = [
-            ColumnSpec(c["name"], c["type"], c["class"], nullable=c.get("nullable", True))
-            for c in yaml.safe_load(FEATURES_SCHEMA_YAML)["columns"]
-        ]
-        gov.create_dataset("churn-features", columns=features, description="cleaned churn")
-        gov.set_view_policy("churn-features", POLICY)
-    return committed.id
 
 
 def _owner(platform: Platform) -> str:

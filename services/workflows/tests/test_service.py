@@ -30,7 +30,7 @@ def _service(data: Path, nats_url: str, platform: FakePlatform) -> WorkflowServi
     settings = WorkflowSettings(
         data_dir=data,
         nats=NatsSettings(url=nats_url, reconnect_wait_s=0.1),
-        workflows=WorkflowOptions(grpc_port=0, tick_s=0.1, resync_s=60, poll_s=60),
+        workflows=WorkflowOptions(grpc_port=0, metrics_port=0, tick_s=0.1, resync_s=60, poll_s=60),
     )
     return WorkflowService(settings, platform=platform)
 

@@ -1,8 +1,10 @@
 """The gRPC API (``gantry.workflows.v1.WorkflowService``): handlers only.
 
-The interceptor checks each method's rule (``pipeline`` resource kind: create, read, list,
-run, cancel, delete); replacing, deleting, cancelling or retrying what belongs to someone else
-also takes ``update`` on ``pipeline`` (platform admins), checked and recorded here.
+The interceptor checks each method's rule (resource kinds ``pipeline``: create, read, list,
+run, cancel, delete; ``experiment``: create, read, list, cancel; ``devsession``: create, read,
+list, cancel (stop), run (resume)); replacing, deleting, cancelling, retrying, stopping or
+resuming what belongs to someone else also takes ``update`` on the kind (platform admins),
+checked and recorded here. A dev session's token is only ever sent to its owner.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gantry.core import PermissionDenied
+from gantry.core import PermissionDenied, Unavailable
 from gantry.events.catalog import AuthzDecision
 from gantry.protos.v1 import workflows_pb2 as pb
 from gantry.protos.v1 import workflows_pb2_grpc
@@ -22,6 +24,7 @@ from gantry.workflows.experimenter import Experimenter, ExperimentView
 from gantry.workflows.platform import Owner
 from gantry.workflows.registry import PipelineRecord, Registry
 from gantry.workflows.runs import Run
+from gantry.workflows.sessions import Sessions, SessionView
 
 SERVICE = "gantry.workflows.v1.WorkflowService"
 SERVICE_NAME = "workflows"
@@ -39,6 +42,11 @@ METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/GetExperiment": MethodRule("read", "experiment"),
     f"/{SERVICE}/ListExperiments": MethodRule("list", "experiment"),
     f"/{SERVICE}/CancelExperiment": MethodRule("cancel", "experiment"),
+    f"/{SERVICE}/StartDevSession": MethodRule("create", "devsession"),
+    f"/{SERVICE}/GetDevSession": MethodRule("read", "devsession"),
+    f"/{SERVICE}/ListDevSessions": MethodRule("list", "devsession"),
+    f"/{SERVICE}/StopDevSession": MethodRule("cancel", "devsession"),
+    f"/{SERVICE}/ResumeDevSession": MethodRule("run", "devsession"),
 }
 
 
@@ -170,8 +178,55 @@ def experiment_pb(e: ExperimentView) -> pb.Experiment:
     )
 
 
+def _gpus(resources: dict[str, Any]) -> float:
+    gpus = resources.get("gpus", 0) or 0
+    milli = resources.get("gpuMilli", 0) or 0
+    try:
+        return float(gpus) + float(milli) / 1000.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def session_pb(v: SessionView, *, with_token: bool) -> pb.DevSession:
+    """A dev session as the API shows it; ``with_token`` only for its owner."""
+    spec = v.spec
+    datasets = [str(d.get("dataset", "")) for d in spec.data]
+    return pb.DevSession(
+        name=v.name,
+        owner=v.owner,
+        state=v.state,
+        reason=v.reason,
+        spec_yaml=v.source,
+        interface=spec.interface,
+        url=v.url,
+        token=v.token if with_token else "",
+        generation=v.generation,
+        job_id=v.job_id,
+        endpoint=v.endpoint if v.state == "running" else "",
+        active_s=v.active_s,
+        history=[
+            pb.SessionGeneration(
+                number=g.number,
+                job_id=g.job_id,
+                started_ms=g.started_ms,
+                ended_ms=g.ended_ms,
+                how=g.how,
+                active_s=g.active_s,
+            )
+            for g in v.history
+        ],
+        created_ms=v.created_ms,
+        started_ms=v.started_ms,
+        ended_ms=v.ended_ms,
+        idle_timeout_s=float(spec.idle_timeout_s),
+        lifetime_s=float(spec.lifetime_s),
+        gpus=_gpus(spec.resources),
+        dataset=",".join(d for d in datasets if d),
+    )
+
+
 class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
-    """Pipelines and their runs."""
+    """Pipelines and their runs, experiments, dev sessions."""
 
     def __init__(
         self,
@@ -180,10 +235,12 @@ class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
         experimenter: Experimenter,
         authorizer: Authorizer,
         sink: DecisionSink,
+        sessions: Sessions | None = None,
     ) -> None:
         self.registry = registry
         self.controller = controller
         self.experimenter = experimenter
+        self.sessions = sessions
         self.authorizer = authorizer
         self.sink = sink
 
@@ -388,6 +445,68 @@ class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
             await asyncio.to_thread(self.experimenter.cancel, request.name, reason)
         )
 
+    def _sessions(self) -> Sessions:
+        if self.sessions is None:
+            raise Unavailable("dev sessions are not enabled in this workflows service")
+        return self.sessions
+
+    @rpc_errors
+    async def StartDevSession(
+        self, request: pb.StartDevSessionRequest, context: Any
+    ) -> pb.DevSession:
+        """Check a DevSession document and start it as the caller (the token comes back)."""
+        principal = current_principal()
+        view = await asyncio.to_thread(
+            self._sessions().start,
+            request.spec_yaml,
+            owner=Owner(principal.subject, principal.roles),
+            dry_run=request.dry_run,
+        )
+        return session_pb(view, with_token=not request.dry_run)
+
+    @rpc_errors
+    async def GetDevSession(self, request: pb.DevSessionRequest, context: Any) -> pb.DevSession:
+        """A session's state, address and history (its token only for its owner)."""
+        principal = current_principal()
+        view = await asyncio.to_thread(self._sessions().get, request.name)
+        return session_pb(view, with_token=principal.subject == view.owner)
+
+    @rpc_errors
+    async def ListDevSessions(
+        self, request: pb.ListDevSessionsRequest, context: Any
+    ) -> pb.ListDevSessionsResponse:
+        """Sessions, newest first (tokens only of the caller's own)."""
+        principal = current_principal()
+        views = await asyncio.to_thread(self._sessions().list, state=request.state)
+        return pb.ListDevSessionsResponse(
+            sessions=[session_pb(v, with_token=principal.subject == v.owner) for v in views]
+        )
+
+    @rpc_errors
+    async def StopDevSession(self, request: pb.DevSessionRequest, context: Any) -> pb.DevSession:
+        """Stop a session: its files are saved and its GPU freed; it can be resumed."""
+        principal = current_principal()
+        sessions = self._sessions()
+        view = await asyncio.to_thread(sessions.get, request.name)
+        self._owner_or_admin(
+            principal, view.owner, "StopDevSession", f"dev session {view.name}", "devsession"
+        )
+        reason = request.reason or f"stopped by {principal.subject}"
+        view = await asyncio.to_thread(sessions.stop, request.name, reason)
+        return session_pb(view, with_token=principal.subject == view.owner)
+
+    @rpc_errors
+    async def ResumeDevSession(self, request: pb.DevSessionRequest, context: Any) -> pb.DevSession:
+        """Start an ended session's next generation with its files (and a new token)."""
+        principal = current_principal()
+        sessions = self._sessions()
+        view = await asyncio.to_thread(sessions.get, request.name)
+        self._owner_or_admin(
+            principal, view.owner, "ResumeDevSession", f"dev session {view.name}", "devsession"
+        )
+        view = await asyncio.to_thread(sessions.resume, request.name)
+        return session_pb(view, with_token=principal.subject == view.owner)
+
 
 __all__ = [
     "METHOD_RULES",
@@ -397,4 +516,5 @@ __all__ = [
     "experiment_pb",
     "pipeline_pb",
     "run_pb",
+    "session_pb",
 ]

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
 
 from gantry.core import Clock, SystemClock, get_logger
 from gantry.core.entrypoint import run_until_signalled
@@ -31,8 +33,10 @@ from gantry.workflows.api import METHOD_RULES, SERVICE, SERVICE_NAME, WorkflowAp
 from gantry.workflows.controller import Controller
 from gantry.workflows.experimenter import Experimenter
 from gantry.workflows.intake import Intake
+from gantry.workflows.metrics import registry_for
 from gantry.workflows.platform import Platform, ServicePlatform
 from gantry.workflows.registry import Registry
+from gantry.workflows.sessions import Sessions
 from gantry.workflows.settings import WorkflowSettings
 
 _log = get_logger("gantry.workflows")
@@ -87,7 +91,10 @@ class WorkflowService:
             self.engine, self.platform, settings.study_database_url, self.clock
         )
         self.controller.experimenter = self.experimenter
+        self.sessions = Sessions(self.engine, self.platform, self.clock)
+        self.registry_metrics, self.counters = registry_for(self.engine)
         self.grpc_port = 0
+        self.metrics_port = 0
         self.intake: Intake | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -113,6 +120,7 @@ class WorkflowService:
         relay = OutboxRelay(self.engine, store.outbox, publisher, poll_s=0.5)
         self.controller.on_change = relay.notify
         self.experimenter.on_change = relay.notify
+        self.sessions.on_change = relay.notify
         intake = self.intake = Intake(
             bus,
             self.controller,
@@ -134,7 +142,9 @@ class WorkflowService:
         )
         server = grpc.aio.server(interceptors=[interceptor])
         workflows_pb2_grpc.add_WorkflowServiceServicer_to_server(
-            WorkflowApi(self.registry, self.controller, self.experimenter, authorizer, sink),
+            WorkflowApi(
+                self.registry, self.controller, self.experimenter, authorizer, sink, self.sessions
+            ),
             server,
         )
         health_servicer = health.aio.HealthServicer()
@@ -144,6 +154,10 @@ class WorkflowService:
         )
         self.grpc_port = server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
         await server.start()
+        http, _thread = start_http_server(
+            o.metrics_port, addr=o.grpc_host, registry=self.registry_metrics
+        )
+        self.metrics_port = http.server_port
         tasks = [
             asyncio.create_task(relay.run(), name="outbox"),
             asyncio.create_task(intake.run(), name="intake"),
@@ -156,6 +170,7 @@ class WorkflowService:
         _log.info(
             "workflows ready",
             grpc=f"{o.grpc_host}:{self.grpc_port}",
+            metrics=self.metrics_port,
             database=self.engine.url.render_as_string(hide_password=True),
             active_runs=active,
         )
@@ -170,6 +185,8 @@ class WorkflowService:
         with contextlib.suppress(asyncio.CancelledError):
             await tasks[2]
         await server.stop(grace=5)
+        http.shutdown()
+        http.server_close()
         relay.stop()
         await tasks[0]
         await background.drain()
@@ -179,17 +196,22 @@ class WorkflowService:
         _log.info("workflows stopped")
 
     async def _loop(self) -> None:
-        """Advance runs and fire schedules every ``tick_s`` (sooner when an event wakes it)."""
+        """Advance runs, fire schedules, follow experiments and dev sessions every ``tick_s``
+        (sooner when an event wakes it)."""
         tick = self.settings.workflows.tick_s
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=tick)
             self._wake.clear()
+            started = time.perf_counter()
             try:
                 await asyncio.to_thread(self.controller.tick)
                 await asyncio.to_thread(self.experimenter.tick)
+                await asyncio.to_thread(self.sessions.tick)
             except Exception:  # a bug in one tick must not stop the next
+                self.counters.tick_failures.inc()
                 _log.exception("workflows tick failed")
+            self.counters.ticks.observe(time.perf_counter() - started)
 
     def _run_file(self) -> Path:
         return run_file(self.settings.data_dir, SERVICE_NAME)
@@ -202,7 +224,7 @@ class WorkflowService:
             SERVICE_NAME,
             host=o.grpc_host,
             grpc_port=self.grpc_port,
-            metrics_port=0,
+            metrics_port=self.metrics_port,
         )
 
 

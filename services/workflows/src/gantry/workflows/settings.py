@@ -25,6 +25,9 @@ class WorkflowOptions(BaseModel):
     )
     grpc_host: str = Field(default="127.0.0.1", description="gRPC listen address.")
     grpc_port: int = Field(default=7036, ge=0, le=65535, description="gRPC port; 0 = any free.")
+    metrics_port: int = Field(
+        default=9036, ge=0, le=65535, description="Prometheus /metrics port; 0 = any free."
+    )
     scheduler_addr: str = Field(
         default="",
         description="host:port of the scheduler (the steps' jobs); default: the embedded "

@@ -922,3 +922,208 @@ class ListExperimentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListExperimentsResponse: _TypeAlias = ListExperimentsResponse  # noqa: Y015
+
+@_typing.final
+class SessionGeneration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NUMBER_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    ENDED_MS_FIELD_NUMBER: _builtins.int
+    HOW_FIELD_NUMBER: _builtins.int
+    ACTIVE_S_FIELD_NUMBER: _builtins.int
+    number: _builtins.int
+    job_id: _builtins.str
+    started_ms: _builtins.int
+    ended_ms: _builtins.int
+    how: _builtins.str
+    """culled | expired | stopped | failed ("" while it runs)"""
+    active_s: _builtins.float
+    """seconds of activity the server saw"""
+    def __init__(
+        self,
+        *,
+        number: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        started_ms: _builtins.int = ...,
+        ended_ms: _builtins.int = ...,
+        how: _builtins.str = ...,
+        active_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_s", b"active_s", "ended_ms", b"ended_ms", "how", b"how", "job_id", b"job_id", "number", b"number", "started_ms", b"started_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionGeneration: _TypeAlias = SessionGeneration  # noqa: Y015
+
+@_typing.final
+class DevSession(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SPEC_YAML_FIELD_NUMBER: _builtins.int
+    INTERFACE_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    ACTIVE_S_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    ENDED_MS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    LIFETIME_S_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    owner: _builtins.str
+    state: _builtins.str
+    """starting | running | waiting | culled | expired | stopped | failed"""
+    reason: _builtins.str
+    spec_yaml: _builtins.str
+    interface: _builtins.str
+    """jupyter | shell"""
+    url: _builtins.str
+    """the server's base URL while it runs"""
+    token: _builtins.str
+    """only ever sent to the session's owner ("" to anyone else)"""
+    generation: _builtins.int
+    job_id: _builtins.str
+    endpoint: _builtins.str
+    """host:port while it runs"""
+    active_s: _builtins.float
+    created_ms: _builtins.int
+    started_ms: _builtins.int
+    ended_ms: _builtins.int
+    idle_timeout_s: _builtins.float
+    lifetime_s: _builtins.float
+    gpus: _builtins.float
+    """fraction or whole GPUs asked for"""
+    dataset: _builtins.str
+    """the dataset it may read (de-identified), "" if none"""
+    @_builtins.property
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionGeneration]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        spec_yaml: _builtins.str = ...,
+        interface: _builtins.str = ...,
+        url: _builtins.str = ...,
+        token: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        active_s: _builtins.float = ...,
+        history: _abc.Iterable[Global___SessionGeneration] | None = ...,
+        created_ms: _builtins.int = ...,
+        started_ms: _builtins.int = ...,
+        ended_ms: _builtins.int = ...,
+        idle_timeout_s: _builtins.float = ...,
+        lifetime_s: _builtins.float = ...,
+        gpus: _builtins.float = ...,
+        dataset: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_s", b"active_s", "created_ms", b"created_ms", "dataset", b"dataset", "ended_ms", b"ended_ms", "endpoint", b"endpoint", "generation", b"generation", "gpus", b"gpus", "history", b"history", "idle_timeout_s", b"idle_timeout_s", "interface", b"interface", "job_id", b"job_id", "lifetime_s", b"lifetime_s", "name", b"name", "owner", b"owner", "reason", b"reason", "spec_yaml", b"spec_yaml", "started_ms", b"started_ms", "state", b"state", "token", b"token", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DevSession: _TypeAlias = DevSession  # noqa: Y015
+
+@_typing.final
+class StartDevSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_YAML_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    spec_yaml: _builtins.str
+    dry_run: _builtins.bool
+    """only check it"""
+    def __init__(
+        self,
+        *,
+        spec_yaml: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "spec_yaml", b"spec_yaml"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartDevSessionRequest: _TypeAlias = StartDevSessionRequest  # noqa: Y015
+
+@_typing.final
+class DevSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    reason: _builtins.str
+    """stop: why (recorded)"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DevSessionRequest: _TypeAlias = DevSessionRequest  # noqa: Y015
+
+@_typing.final
+class ListDevSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDevSessionsRequest: _TypeAlias = ListDevSessionsRequest  # noqa: Y015
+
+@_typing.final
+class ListDevSessionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DevSession]: ...
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___DevSession] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDevSessionsResponse: _TypeAlias = ListDevSessionsResponse  # noqa: Y015

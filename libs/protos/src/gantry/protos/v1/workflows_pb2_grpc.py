@@ -99,6 +99,31 @@ class WorkflowServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
                 _registered_method=True)
+        self.StartDevSession = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/StartDevSession',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.StartDevSessionRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+                _registered_method=True)
+        self.GetDevSession = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/GetDevSession',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+                _registered_method=True)
+        self.ListDevSessions = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/ListDevSessions',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListDevSessionsRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListDevSessionsResponse.FromString,
+                _registered_method=True)
+        self.StopDevSession = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/StopDevSession',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+                _registered_method=True)
+        self.ResumeDevSession = channel.unary_unary(
+                '/gantry.workflows.v1.WorkflowService/ResumeDevSession',
+                request_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -182,6 +207,36 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartDevSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDevSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDevSessions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopDevSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeDevSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +304,31 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.CancelExperiment,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.SerializeToString,
+            ),
+            'StartDevSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartDevSession,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.StartDevSessionRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.SerializeToString,
+            ),
+            'GetDevSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDevSession,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.SerializeToString,
+            ),
+            'ListDevSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDevSessions,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListDevSessionsRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.ListDevSessionsResponse.SerializeToString,
+            ),
+            'StopDevSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopDevSession,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.SerializeToString,
+            ),
+            'ResumeDevSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeDevSession,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +682,141 @@ class WorkflowService:
             '/gantry.workflows.v1.WorkflowService/CancelExperiment',
             gantry_dot_protos_dot_v1_dot_workflows__pb2.NameRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_workflows__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartDevSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/StartDevSession',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.StartDevSessionRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDevSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/GetDevSession',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDevSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/ListDevSessions',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.ListDevSessionsRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.ListDevSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopDevSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/StopDevSession',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeDevSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.workflows.v1.WorkflowService/ResumeDevSession',
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSessionRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_workflows__pb2.DevSession.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,11 @@ class WorkflowServiceStub:
     GetExperiment: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]
     ListExperiments: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.ListExperimentsRequest, _workflows_pb2.ListExperimentsResponse]
     CancelExperiment: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]
+    StartDevSession: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.StartDevSessionRequest, _workflows_pb2.DevSession]
+    GetDevSession: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.DevSessionRequest, _workflows_pb2.DevSession]
+    ListDevSessions: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.ListDevSessionsRequest, _workflows_pb2.ListDevSessionsResponse]
+    StopDevSession: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.DevSessionRequest, _workflows_pb2.DevSession]
+    ResumeDevSession: _grpc.UnaryUnaryMultiCallable[_workflows_pb2.DevSessionRequest, _workflows_pb2.DevSession]
 
 @_typing.type_check_only
 class WorkflowServiceAsyncStub(WorkflowServiceStub):
@@ -67,6 +72,11 @@ class WorkflowServiceAsyncStub(WorkflowServiceStub):
     GetExperiment: _aio.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]  # type: ignore[assignment]
     ListExperiments: _aio.UnaryUnaryMultiCallable[_workflows_pb2.ListExperimentsRequest, _workflows_pb2.ListExperimentsResponse]  # type: ignore[assignment]
     CancelExperiment: _aio.UnaryUnaryMultiCallable[_workflows_pb2.NameRequest, _workflows_pb2.Experiment]  # type: ignore[assignment]
+    StartDevSession: _aio.UnaryUnaryMultiCallable[_workflows_pb2.StartDevSessionRequest, _workflows_pb2.DevSession]  # type: ignore[assignment]
+    GetDevSession: _aio.UnaryUnaryMultiCallable[_workflows_pb2.DevSessionRequest, _workflows_pb2.DevSession]  # type: ignore[assignment]
+    ListDevSessions: _aio.UnaryUnaryMultiCallable[_workflows_pb2.ListDevSessionsRequest, _workflows_pb2.ListDevSessionsResponse]  # type: ignore[assignment]
+    StopDevSession: _aio.UnaryUnaryMultiCallable[_workflows_pb2.DevSessionRequest, _workflows_pb2.DevSession]  # type: ignore[assignment]
+    ResumeDevSession: _aio.UnaryUnaryMultiCallable[_workflows_pb2.DevSessionRequest, _workflows_pb2.DevSession]  # type: ignore[assignment]
 
 class WorkflowServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -159,5 +169,40 @@ class WorkflowServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _workflows_pb2.NameRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workflows_pb2.Experiment, _abc.Awaitable[_workflows_pb2.Experiment]]: ...
+
+    @_abc_1.abstractmethod
+    def StartDevSession(
+        self,
+        request: _workflows_pb2.StartDevSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.DevSession, _abc.Awaitable[_workflows_pb2.DevSession]]: ...
+
+    @_abc_1.abstractmethod
+    def GetDevSession(
+        self,
+        request: _workflows_pb2.DevSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.DevSession, _abc.Awaitable[_workflows_pb2.DevSession]]: ...
+
+    @_abc_1.abstractmethod
+    def ListDevSessions(
+        self,
+        request: _workflows_pb2.ListDevSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.ListDevSessionsResponse, _abc.Awaitable[_workflows_pb2.ListDevSessionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StopDevSession(
+        self,
+        request: _workflows_pb2.DevSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.DevSession, _abc.Awaitable[_workflows_pb2.DevSession]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumeDevSession(
+        self,
+        request: _workflows_pb2.DevSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflows_pb2.DevSession, _abc.Awaitable[_workflows_pb2.DevSession]]: ...
 
 def add_WorkflowServiceServicer_to_server(servicer: WorkflowServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

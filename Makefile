@@ -44,6 +44,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/training.py --quick
 	$(PY) bench/serving.py --quick
 	$(PY) bench/profiler.py --quick
+	$(PY) bench/workflows.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -55,6 +56,7 @@ bench: $(STAMP)
 	$(PY) bench/training.py
 	$(PY) bench/serving.py
 	$(PY) bench/profiler.py
+	$(PY) bench/workflows.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

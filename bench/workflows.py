@@ -31,7 +31,6 @@ import math
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -212,21 +211,11 @@ def search(
         }
 
 
-PIPELINE = textwrap.dedent(
-    """
-    apiVersion: gantry/v1
-    kind: Pipeline
-    metadata: {{name: overhead}}
-    spec:
-      steps:
-    {steps}
-    """
-)
-
-
 def pipeline_overhead(step_s: float) -> dict[str, float]:
     """Run the 4-step chain on the embedded platform; wall time and time outside the jobs."""
     import datetime as dt
+
+    import yaml
 
     from gantry.client.admin import create_token
     from gantry.client.scheduler import SchedulerClient
@@ -234,16 +223,27 @@ def pipeline_overhead(step_s: float) -> dict[str, float]:
     from gantry.supervisor.platform import Platform, local_agents
 
     command = [sys.executable, "-c", f"import time; time.sleep({step_s})"]
-    steps = []
+    steps: list[dict[str, Any]] = []
     for i, name in enumerate("abcd"):
-        depends = f"\n      dependsOn: [{'abcd'[i - 1]}]" if i else ""
-        steps.append(
-            f"  - name: {name}{depends}\n"
-            f"    train:\n"
-            f"      resources: {{cpus: 0.5, memory: 256Mi}}\n"
-            f"      entrypoint: {{command: {command!r}}}".replace("'", '"')
-        )
-    source = PIPELINE.format(steps="\n".join(textwrap.indent(s, "  ") for s in steps))
+        step: dict[str, Any] = {
+            "name": name,
+            "train": {
+                "resources": {"cpus": 0.5, "memory": "256Mi"},
+                "entrypoint": {"command": command},
+            },
+        }
+        if i:
+            step["dependsOn"] = ["abcd"[i - 1]]
+        steps.append(step)
+    source = yaml.safe_dump(
+        {
+            "apiVersion": "gantry/v1",
+            "kind": "Pipeline",
+            "metadata": {"name": "overhead"},
+            "spec": {"steps": steps},
+        },
+        sort_keys=False,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         platform = Platform(

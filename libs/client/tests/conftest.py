@@ -1,18 +1,28 @@
-"""A small in-memory governance service on a free port, to exercise the SDK and the CLI.
+"""What the client's tests share: a fake governance service, a way to serve any other fake
+service, and a ``gantry`` command runner pointed at the fakes.
 
-It is no model of the real service's rules: it keeps what the client sends, checks the stream
-framing the protocol asks for (``start`` first, ``last=true`` at the end, one Arrow IPC stream
-per table upload) and answers in the protocol's shapes. Tokens: ``admin-token`` may do
-anything, ``viewer-token`` may not read the raw view.
+- :func:`governance`: a small in-memory governance service on a free port, to exercise the SDK
+  and the CLI. It is no model of the real service's rules: it keeps what the client sends,
+  checks the stream framing the protocol asks for (``start`` first, ``last=true`` at the end,
+  one Arrow IPC stream per table upload) and answers in the protocol's shapes. Tokens:
+  ``admin-token`` may do anything, ``viewer-token`` may not read the raw view.
+- :func:`serve_fake`: a test's own fake servicer (of the workflows service, the scheduler, ...)
+  on a free port, behind a bearer-token check, with every request it was sent kept in order
+  (:class:`Served`), so tests can check what went over the wire.
+- :func:`gantry_cli`: ``gantry ARGS`` run with typer's CliRunner, its data directory's run
+  files pointing at served fakes the way the real services' do; no traceback may reach the
+  user (:class:`CliResult`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 import pyarrow as pa
@@ -405,3 +415,160 @@ def governance() -> Iterator[RunningFake]:
     server.start()
     yield RunningFake(f"127.0.0.1:{port}", service)
     server.stop(None).wait()
+
+
+# ---------------------------------------------------------------------- any fake service
+
+_M = TypeVar("_M")
+
+
+@dataclass
+class Served:
+    """A fake servicer on a free local port, and the requests it was sent, in order (those
+    that got past its bearer check)."""
+
+    service: Any
+    port: int = 0
+    requests: list[Any] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def last(self, kind: type[_M]) -> _M:
+        """The last request of type ``kind``."""
+        return next(r for r in reversed(self.requests) if isinstance(r, kind))
+
+
+class _Doorman(grpc.ServerInterceptor):
+    """Refuses calls without ``Bearer <token>`` (when there is a token) and keeps the request
+    of every other call; methods with a streamed request pass unchecked."""
+
+    def __init__(self, served: Served, token: str | None) -> None:
+        self.served = served
+        self.token = token
+        self.lock = threading.Lock()
+
+    def admit(self, request: Any, context: grpc.ServicerContext) -> None:
+        bearer = dict(context.invocation_metadata()).get("authorization")
+        if self.token is not None and bearer != f"Bearer {self.token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+        with self.lock:
+            self.served.requests.append(request)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler
+        wire = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            answer = handler.unary_unary
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                self.admit(request, context)
+                return answer(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(unary, **wire)
+        answers = handler.unary_stream
+
+        def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            self.admit(request, context)
+            yield from answers(request, context)
+
+        return grpc.unary_stream_rpc_method_handler(stream, **wire)
+
+
+ServeFake = Callable[..., Served]
+
+
+@pytest.fixture
+def serve_fake() -> Iterator[ServeFake]:
+    """``serve_fake(servicer, add_to_server, token=None)``: serve a fake on a free local port
+    until the test ends. With ``token``, a call without ``Bearer <token>`` is refused
+    (UNAUTHENTICATED, "unknown token"); the others' requests are kept in
+    :attr:`Served.requests`."""
+    servers: list[grpc.Server] = []
+
+    def serve(
+        service: Any, add: Callable[[Any, grpc.Server], None], *, token: str | None = None
+    ) -> Served:
+        served = Served(service)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4), interceptors=[_Doorman(served, token)]
+        )
+        add(service, server)
+        served.port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return served
+
+    yield serve
+    for server in servers:
+        server.stop(None).wait()
+
+
+# ---------------------------------------------------------------------- the gantry command
+
+
+@dataclass
+class CliResult:
+    """What a ``gantry`` command did: its exit status, stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+    def cells(self, first: str) -> list[str]:
+        """The cells of the table row on stdout whose first cell is ``first``."""
+        for line in self.out.splitlines():
+            cells = [c.strip() for c in line.split("│")[1:-1]]
+            if cells and cells[0] == first:
+                return cells
+        raise AssertionError(f"no row {first!r} in:\n{self.out}")
+
+    def fields(self) -> dict[str, str]:
+        """The ``label  value`` lines of a grid on stdout, by label."""
+        found = {}
+        for line in self.out.splitlines():
+            label, sep, value = line.partition("  ")
+            if sep and label and not label.startswith(" ") and "│" not in line:
+                found[label] = value.strip()
+        return found
+
+
+Gantry = Callable[..., CliResult]
+
+
+@pytest.fixture
+def gantry_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Gantry]:
+    """``gantry_cli(token, workflows=served, ...)``: a function running ``gantry ARGS`` with
+    typer's CliRunner, whose data directory (``tmp_path``) has a run file for each fake named
+    (found there like the real services), with ``token`` as ``GANTRY_TOKEN``. A traceback that
+    reaches the user fails the test; an unexpected exception is raised."""
+    from typer.testing import CliRunner
+
+    from gantry.client import cli
+    from gantry.core.runfile import write_run_file
+
+    def make(token: str, **services: Served) -> Gantry:
+        for name, served in services.items():
+            write_run_file(tmp_path, name, host="127.0.0.1", grpc_port=served.port, metrics_port=0)
+            monkeypatch.delenv(f"GANTRY_{name.upper()}_ADDR", raising=False)
+        monkeypatch.setenv("GANTRY_DATA_DIR", str(tmp_path))
+        monkeypatch.setenv("GANTRY_TOKEN", token)
+        monkeypatch.setenv("COLUMNS", "250")
+        runner = CliRunner()
+
+        def run(*args: str | Path) -> CliResult:
+            result = runner.invoke(cli.app, [str(a) for a in args])
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                raise result.exception
+            assert "Traceback" not in result.output
+            return CliResult(result.exit_code, result.stdout, result.stderr)
+
+        return run
+
+    return make

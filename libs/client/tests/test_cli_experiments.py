@@ -15,20 +15,16 @@ import json
 import math
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from typer.testing import CliRunner
 
-from gantry.client import cli
 from gantry.client.cli import _experiments, _pipeline_runs
 from gantry.client.workflows import RunInfo
-from gantry.core.runfile import write_run_file
 from gantry.protos.v1 import workflows_pb2 as pb
 from gantry.protos.v1 import workflows_pb2_grpc as pb_grpc
 
@@ -159,23 +155,11 @@ TUNED_RUN = pb.Run(
 class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
     """Canned answers; ``GetExperiment`` of churn-hpo answers from ``script``, one per poll."""
 
-    requests: list[Any] = field(default_factory=list)
     script: list[pb.Experiment] = field(default_factory=lambda: [_experiment()])
     polls: int = 0
-    port: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _check(self, request: Any, context: grpc.ServicerContext) -> None:
-        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        with self.lock:
-            self.requests.append(request)
-
-    def last(self, kind: type[Any]) -> Any:
-        return next(r for r in reversed(self.requests) if isinstance(r, kind))
-
     def SubmitExperiment(self, request: Any, context: Any) -> pb.Experiment:
-        self._check(request, context)
         if "{choice: []}" in request.spec_yaml:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -187,7 +171,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return _experiment(upto=3, running=(2,))
 
     def GetExperiment(self, request: Any, context: Any) -> pb.Experiment:
-        self._check(request, context)
         if request.name != "churn-hpo":
             context.abort(grpc.StatusCode.NOT_FOUND, f"experiment {request.name!r} not found")
         with self.lock:
@@ -195,17 +178,14 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return self.script[min(poll, len(self.script) - 1)]
 
     def ListExperiments(self, request: Any, context: Any) -> pb.ListExperimentsResponse:
-        self._check(request, context)
         return pb.ListExperimentsResponse(experiments=[_experiment(), SUCCEEDED, FAILED])
 
     def CancelExperiment(self, request: Any, context: Any) -> pb.Experiment:
-        self._check(request, context)
         e = _experiment("cancelled", reason=request.reason or "cancelled by dev")
         e.trials[7].CopyFrom(_trial(7, "cancelled"))
         return e
 
     def SubmitPipeline(self, request: Any, context: Any) -> pb.SubmitPipelineResponse:
-        self._check(request, context)
         p = pb.Pipeline(
             name="tuned", kind="Pipeline", owner="dev", revision=1, spec_yaml=request.spec_yaml,
             steps=["search", "deploy"],
@@ -213,78 +193,31 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return pb.SubmitPipelineResponse(pipeline=p)
 
     def GetRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         return TUNED_RUN
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-Gantry = Callable[..., Result]
+#: ``gantry ARGS`` -> its exit status, stdout and stderr (conftest's ``CliResult``).
+Gantry = Callable[..., Any]
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeWorkflows]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service = FakeWorkflows()
-    pb_grpc.add_WorkflowServiceServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    service.port = port
-    yield service
-    server.stop(None).wait()
+def fake(serve_fake: Any) -> Any:
+    """The fake on a free local port (a ``Served``: the fake and the requests it got)."""
+    return serve_fake(FakeWorkflows(), pb_grpc.add_WorkflowServiceServicer_to_server, token=TOKEN)
 
 
 @pytest.fixture
-def gantry(fake: FakeWorkflows, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gantry:
-    """Run ``gantry ARGS`` with typer's CliRunner against the fake; no traceback may reach the
-    user."""
-    write_run_file(tmp_path, "workflows", host="127.0.0.1", grpc_port=fake.port, metrics_port=0)
-    monkeypatch.setenv("GANTRY_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("GANTRY_TOKEN", TOKEN)
-    monkeypatch.delenv("GANTRY_WORKFLOWS_ADDR", raising=False)
-    monkeypatch.setenv("COLUMNS", "250")
+def gantry(fake: Any, gantry_cli: Any, monkeypatch: pytest.MonkeyPatch) -> Gantry:
+    """Run ``gantry ARGS`` against the fake; no traceback may reach the user."""
     monkeypatch.setattr(_experiments, "POLL_S", 0.01)
-    runner = CliRunner()
-
-    def run(*args: str | Path) -> Result:
-        result = runner.invoke(cli.app, [str(a) for a in args])
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        assert "Traceback" not in result.output
-        return Result(result.exit_code, result.stdout, result.stderr)
-
-    return run
-
-
-def _cells(out: str, first: str) -> list[str]:
-    """The cells of the table row whose first cell is ``first``."""
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if cells and cells[0] == first:
-            return cells
-    raise AssertionError(f"no row {first!r} in:\n{out}")
-
-
-def _fields(out: str) -> dict[str, str]:
-    """The ``label  value`` lines of the settings grid."""
-    found = {}
-    for line in out.splitlines():
-        label, sep, value = line.partition("  ")
-        if sep and label and not label.startswith(" ") and "│" not in line:
-            found[label] = value.strip()
-    return found
+    return gantry_cli(TOKEN, workflows=fake)
 
 
 # ---------------------------------------------------------------------- submit
 
 
 def test_submit_starts_the_search_and_prints_its_settings(
-    gantry: Gantry, fake: FakeWorkflows, tmp_path: Path
+    gantry: Gantry, fake: Any, tmp_path: Path
 ) -> None:
     spec = tmp_path / "hpo.yaml"
     spec.write_text(HPO)
@@ -292,7 +225,7 @@ def test_submit_starts_the_search_and_prints_its_settings(
     assert r.code == 0, r.err
     assert fake.last(pb.SubmitExperimentRequest).spec_yaml == HPO
     assert "started experiment churn-hpo: searching 12 trials with tpe" in r.out
-    fields = _fields(r.out)
+    fields = r.fields()
     assert fields["objective"] == "maximize accuracy"
     assert fields["method"] == "tpe (Bayesian: TPE)"
     assert fields["pruner"] == "asha (successive halving)"
@@ -310,7 +243,7 @@ def test_submit_starts_the_search_and_prints_its_settings(
     assert r.code == 0, r.err
     assert fake.last(pb.SubmitExperimentRequest).dry_run
     assert "dry run: experiment churn-hpo is valid; nothing was stored or started" in r.out
-    assert "used" not in _fields(r.out) and "best trial" not in _fields(r.out)
+    assert "used" not in r.fields() and "best trial" not in r.fields()
 
     r = gantry("experiments", "submit", spec, "--json")
     data = json.loads(r.out)
@@ -320,7 +253,7 @@ def test_submit_starts_the_search_and_prints_its_settings(
 
 
 def test_submit_reports_bad_files_and_bad_documents_cleanly(
-    gantry: Gantry, fake: FakeWorkflows, tmp_path: Path
+    gantry: Gantry, fake: Any, tmp_path: Path
 ) -> None:
     r = gantry("experiments", "submit", tmp_path / "nope.yaml")
     assert r.code == 2
@@ -349,14 +282,14 @@ def test_submit_reports_bad_files_and_bad_documents_cleanly(
 
 
 def test_submit_wait_follows_the_trials_and_shows_the_best(
-    gantry: Gantry, fake: FakeWorkflows, tmp_path: Path
+    gantry: Gantry, fake: Any, tmp_path: Path
 ) -> None:
     spec = tmp_path / "hpo.yaml"
     spec.write_text(HPO)
-    fake.script = [_experiment(upto=3, running=(2,)), _experiment(upto=5), SUCCEEDED]
+    fake.service.script = [_experiment(upto=3, running=(2,)), _experiment(upto=5), SUCCEEDED]
     r = gantry("experiments", "submit", spec, "--wait")
     assert r.code == 0, r.err
-    assert fake.polls == 3
+    assert fake.service.polls == 3
     events = [line.split("  ", 1)[1] for line in r.err.splitlines()]  # after the time stamp
     assert events[:4] == [
         "trial 0 succeeded: accuracy 0.9531 after 9 epochs",
@@ -371,37 +304,37 @@ def test_submit_wait_follows_the_trials_and_shows_the_best(
 
     assert "experiment churn-hpo: succeeded" in r.out
     assert "best trial 4: accuracy 0.9545 with lr=0.008" in r.out
-    assert _cells(r.out, "4 ★") == [
+    assert r.cells("4 ★") == [
         "4 ★", "succeeded", "lr=0.008, hidden=96, act=relu", "0.9545", "9", "900",
         "accuracy 0.9545",
     ]  # fmt: skip
-    assert _cells(r.out, "1")[:6] == ["1", "pruned", "lr=0.0002, hidden=32, act=tanh",
+    assert r.cells("1")[:6] == ["1", "pruned", "lr=0.0002, hidden=32, act=tanh",
                                       "0.2931", "1", "100"]  # fmt: skip
 
 
 def test_submit_wait_exits_1_when_the_search_fails_or_takes_too_long(
-    gantry: Gantry, fake: FakeWorkflows, tmp_path: Path
+    gantry: Gantry, fake: Any, tmp_path: Path
 ) -> None:
     spec = tmp_path / "hpo.yaml"
     spec.write_text(HPO)
-    fake.script = [_experiment(upto=1), FAILED]
+    fake.service.script = [_experiment(upto=1), FAILED]
     r = gantry("experiments", "submit", spec, "--wait")
     assert r.code == 1
     assert "experiment churn-hpo: failed" in r.out and "no trial succeeded" in r.out
-    assert _fields(r.out)["best trial"] == "none: no trial succeeded"
+    assert r.fields()["best trial"] == "none: no trial succeeded"
 
-    fake.script, fake.polls = [_experiment(upto=4)], 0
+    fake.service.script, fake.service.polls = [_experiment(upto=4)], 0
     r = gantry("experiments", "submit", spec, "--wait", "--timeout", "0.2", "--json")
     assert r.code == 1
     assert len(json.loads(r.out)["trials"]) == 4  # stdout: the experiment as last seen
     assert "experiment churn-hpo is still running after 0.2s; it goes on: follow it" in r.err
-    assert fake.polls >= 3
+    assert fake.service.polls >= 3
 
 
 # ---------------------------------------------------------------------- list, get, cancel
 
 
-def test_list_shows_each_search_and_its_best(gantry: Gantry, fake: FakeWorkflows) -> None:
+def test_list_shows_each_search_and_its_best(gantry: Gantry, fake: Any) -> None:
     r = gantry("experiments", "list", "--state", "running")
     assert r.code == 0, r.err
     assert fake.last(pb.ListExperimentsRequest).state == "running"
@@ -428,7 +361,7 @@ def test_get_shows_the_budget_the_best_trial_and_every_trial(gantry: Gantry) -> 
     assert r.code == 0, r.err
     lines = r.out.splitlines()
     assert lines[:2] == ["experiment churn-hpo: running", "  searching 12 trials with tpe"]
-    fields = _fields(r.out)
+    fields = r.fields()
     assert fields["used"] == (
         "8 of 12 trials (2 pruned, 1 failed, 1 running); 1.19 of 2 device-hours "
         "(4300 device-seconds)"
@@ -439,11 +372,11 @@ def test_get_shows_the_budget_the_best_trial_and_every_trial(gantry: Gantry) -> 
         "job j-4"
     )
     assert "8 trials (maximize accuracy; ★ the best)" in r.out
-    assert _cells(r.out, "5") == [
+    assert r.cells("5") == [
         "5", "failed", "lr=0.001, hidden=48, act=relu", "", "", "",
         "job j-5 failed: CUDA out of memory",
     ]  # fmt: skip
-    assert _cells(r.out, "7")[:6] == ["7", "running", "lr=0.004, hidden=112, act=relu", "", "4",
+    assert r.cells("7")[:6] == ["7", "running", "lr=0.004, hidden=112, act=relu", "", "4",
                                       "400"]  # fmt: skip
 
     r = gantry("experiments", "get", "nope")
@@ -452,7 +385,7 @@ def test_get_shows_the_budget_the_best_trial_and_every_trial(gantry: Gantry) -> 
 
 
 def test_get_plot_writes_the_picture_and_says_where(
-    gantry: Gantry, fake: FakeWorkflows, tmp_path: Path
+    gantry: Gantry, fake: Any, tmp_path: Path
 ) -> None:
     png, page = tmp_path / "out" / "hpo.png", tmp_path / "hpo.html"
     r = gantry("experiments", "get", "churn-hpo", "--plot", png, "--html", page)
@@ -471,7 +404,7 @@ def test_get_plot_writes_the_picture_and_says_where(
     assert len(fake.requests) == before
 
 
-def test_cancel_says_what_stopped(gantry: Gantry, fake: FakeWorkflows) -> None:
+def test_cancel_says_what_stopped(gantry: Gantry, fake: Any) -> None:
     r = gantry("experiments", "cancel", "churn-hpo", "--reason", "wrong data")
     assert r.code == 0, r.err
     sent = fake.last(pb.NameRequest)
@@ -485,7 +418,7 @@ def test_cancel_says_what_stopped(gantry: Gantry, fake: FakeWorkflows) -> None:
 
 
 def test_the_service_is_found_from_the_setting_or_said_missing(
-    gantry: Gantry, fake: FakeWorkflows, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gantry: Gantry, fake: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "run" / "workflows.json").unlink()
     r = gantry("experiments", "list")
@@ -503,8 +436,8 @@ def test_a_pipeline_with_an_experiment_step_shows_it(gantry: Gantry, tmp_path: P
     spec.write_text(TUNED)
     r = gantry("pipelines", "submit", spec)
     assert r.code == 0, r.err
-    assert _cells(r.out, "1") == ["1", "search", "experiment", "-", "", ""]
-    assert _cells(r.out, "2") == ["2", "deploy", "deploy", "search", "search.accuracy >= 0.5", ""]
+    assert r.cells("1") == ["1", "search", "experiment", "-", "", ""]
+    assert r.cells("2") == ["2", "deploy", "deploy", "search", "search.accuracy >= 0.5", ""]
 
     r = gantry("pipelines", "runs", "get", "run-1")
     assert r.code == 0, r.err
@@ -512,7 +445,7 @@ def test_a_pipeline_with_an_experiment_step_shows_it(gantry: Gantry, tmp_path: P
     at = lines.index("✓ search (experiment)")
     assert lines[at + 1] == "└─ ✓ deploy (deploy) ← search"
     # the best trial's job stands for the step's job
-    assert _cells(r.out, "search")[:5] == ["search", "experiment", "succeeded", "1", "j-9"]
+    assert r.cells("search")[:5] == ["search", "experiment", "succeeded", "1", "j-9"]
     at = lines.index("search:")
     assert lines[at + 1 : at + 5] == [
         "  outputs: experiment=tuned-search-12345678, job=j-9, model=tuned:3, trial=2",

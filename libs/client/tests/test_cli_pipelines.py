@@ -13,18 +13,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from typer.testing import CliRunner
 
-from gantry.client import cli
 from gantry.client.cli import _pipelines
-from gantry.core.runfile import write_run_file
 from gantry.protos.v1 import scheduler_pb2 as spb
 from gantry.protos.v1 import scheduler_pb2_grpc as spb_grpc
 from gantry.protos.v1 import workflows_pb2 as pb
@@ -152,22 +148,11 @@ HISTORY = [
 class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
     """Canned answers; ``GetRun`` of run-1 answers from ``script``, one run per poll."""
 
-    requests: list[Any] = field(default_factory=list)
     script: list[pb.Run] = field(default_factory=lambda: [SUCCEEDED])
     polls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _check(self, request: Any, context: grpc.ServicerContext) -> None:
-        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        with self.lock:
-            self.requests.append(request)
-
-    def last(self, kind: type[Any]) -> Any:
-        return next(r for r in reversed(self.requests) if isinstance(r, kind))
-
     def SubmitPipeline(self, request: Any, context: Any) -> pb.SubmitPipelineResponse:
-        self._check(request, context)
         if "atLeast: oops" in request.spec_yaml:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -178,7 +163,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return pb.SubmitPipelineResponse(pipeline=p, replaced=not request.dry_run)
 
     def GetPipeline(self, request: Any, context: Any) -> pb.Pipeline:
-        self._check(request, context)
         if request.name == "nightly":
             schedule = pb.Schedule(
                 cron="0 3 * * *",
@@ -193,7 +177,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return _pipeline()
 
     def ListPipelines(self, request: Any, context: Any) -> pb.ListPipelinesResponse:
-        self._check(request, context)
         schedule = pb.Schedule(cron="0 3 * * *", timezone="UTC", concurrency="queue",
                                next_fire_ms=NEXT_FIRE)  # fmt: skip
         return pb.ListPipelinesResponse(
@@ -201,7 +184,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         )
 
     def DeletePipeline(self, request: Any, context: Any) -> pb.Pipeline:
-        self._check(request, context)
         if request.name == "nightly":
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, "pipeline nightly has 1 active run(s)"
@@ -209,7 +191,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return _pipeline(request.name)
 
     def StartRun(self, request: Any, context: Any) -> pb.StartRunResponse:
-        self._check(request, context)
         if "lr" in request.params:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -220,7 +201,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         )
 
     def GetRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         if request.id != "run-1":
             context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.id!r} not found")
         with self.lock:
@@ -228,16 +208,13 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return self.script[min(poll, len(self.script) - 1)]
 
     def ListRuns(self, request: Any, context: Any) -> pb.ListRunsResponse:
-        self._check(request, context)
         return pb.ListRunsResponse(runs=HISTORY)
 
     def CancelRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         steps = [_step("preprocess", "cancelled", request.reason), *PENDING[1:]]
         return _run("cancelled", steps, reason=request.reason)
 
     def RetryRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         if request.from_step == "tune":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run run-1 has no step 'tune'")
         steps = [PREPROCESSED, TRAINED, _step("evaluate", "running", job_id="j-5"), PENDING[3]]
@@ -247,11 +224,7 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
 class FakeScheduler(spb_grpc.SchedulerServiceServicer):
     """Job logs only: a few lines of each job the churn run ran; j-4's logs are gone."""
 
-    def __init__(self) -> None:
-        self.requests: list[spb.JobLogsRequest] = []
-
     def JobLogs(self, request: spb.JobLogsRequest, context: Any) -> Iterator[spb.LogLine]:
-        self.requests.append(request)
         if request.id == "j-4":
             context.abort(grpc.StatusCode.NOT_FOUND, "job 'j-4' not found")
         lines = [f"{request.id} line {i}" for i in range(1, 6)]
@@ -261,73 +234,31 @@ class FakeScheduler(spb_grpc.SchedulerServiceServicer):
 
 @dataclass
 class Fakes:
-    workflows: FakeWorkflows
-    scheduler: FakeScheduler
-    ports: dict[str, int]
+    """The two fakes on free local ports (each a ``Served``: the fake and the requests it
+    got)."""
+
+    workflows: Any
+    scheduler: Any
+
+
+#: ``gantry ARGS`` -> its exit status, stdout and stderr (conftest's ``CliResult``).
+Gantry = Callable[..., Any]
 
 
 @pytest.fixture
-def fakes() -> Iterator[Fakes]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    workflows, scheduler = FakeWorkflows(), FakeScheduler()
-    pb_grpc.add_WorkflowServiceServicer_to_server(workflows, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    sched_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    spb_grpc.add_SchedulerServiceServicer_to_server(scheduler, sched_server)
-    sched_port = sched_server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    sched_server.start()
-    yield Fakes(workflows, scheduler, {"workflows": port, "scheduler": sched_port})
-    server.stop(None).wait()
-    sched_server.stop(None).wait()
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-Gantry = Callable[..., Result]
+def fakes(serve_fake: Any) -> Fakes:
+    return Fakes(
+        serve_fake(FakeWorkflows(), pb_grpc.add_WorkflowServiceServicer_to_server, token=TOKEN),
+        serve_fake(FakeScheduler(), spb_grpc.add_SchedulerServiceServicer_to_server),
+    )
 
 
 @pytest.fixture
-def data_dir(fakes: Fakes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A data directory whose run files point at the fakes, and the token in the environment."""
-    for service, port in fakes.ports.items():
-        write_run_file(tmp_path, service, host="127.0.0.1", grpc_port=port, metrics_port=0)
-    monkeypatch.setenv("GANTRY_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("GANTRY_TOKEN", TOKEN)
-    for name in ("GANTRY_WORKFLOWS_ADDR", "GANTRY_SCHEDULER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("COLUMNS", "250")
+def gantry(fakes: Fakes, gantry_cli: Any, monkeypatch: pytest.MonkeyPatch) -> Gantry:
+    """Run ``gantry ARGS`` against the fakes, found through the data directory's run files; no
+    traceback may reach the user."""
     monkeypatch.setattr(_pipelines, "POLL_S", 0.01)
-    return tmp_path
-
-
-@pytest.fixture
-def gantry(data_dir: Path) -> Gantry:
-    """Run ``gantry ARGS`` with typer's CliRunner; no traceback may reach the user."""
-    runner = CliRunner()
-
-    def run(*args: str | Path) -> Result:
-        result = runner.invoke(cli.app, [str(a) for a in args])
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        assert "Traceback" not in result.output
-        return Result(result.exit_code, result.stdout, result.stderr)
-
-    return run
-
-
-def _cells(out: str, first: str) -> list[str]:
-    """The cells of the table row whose first cell is ``first``."""
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if cells and cells[0] == first:
-            return cells
-    raise AssertionError(f"no row {first!r} in:\n{out}")
+    return gantry_cli(TOKEN, workflows=fakes.workflows, scheduler=fakes.scheduler)
 
 
 # ---------------------------------------------------------------------- pipelines
@@ -342,9 +273,9 @@ def test_submit_prints_the_steps_in_order_with_what_they_wait_for(
     assert r.code == 0, r.err
     assert fakes.workflows.last(pb.SubmitPipelineRequest).spec_yaml == CHURN
     assert "submitted Pipeline churn revision 2 (4 steps), replacing revision 1" in r.out
-    assert _cells(r.out, "1") == ["1", "preprocess", "data", "-", "", ""]
-    assert _cells(r.out, "2") == ["2", "train", "train", "preprocess", "", "2"]
-    assert _cells(r.out, "4") == [
+    assert r.cells("1") == ["1", "preprocess", "data", "-", "", ""]
+    assert r.cells("2") == ["2", "train", "train", "preprocess", "", "2"]
+    assert r.cells("4") == [
         "4",
         "deploy",
         "deploy",
@@ -388,7 +319,7 @@ def test_list_get_and_delete(gantry: Gantry, fakes: Fakes, monkeypatch: pytest.M
     r = gantry("pipelines", "list")
     assert r.code == 0, r.err
     assert "2 pipelines" in r.out
-    assert _cells(r.out, "churn") == [
+    assert r.cells("churn") == [
         "churn",
         "Pipeline",
         "2",
@@ -398,7 +329,7 @@ def test_list_get_and_delete(gantry: Gantry, fakes: Fakes, monkeypatch: pytest.M
         "",
         "run-1 succeeded",
     ]
-    assert _cells(r.out, "nightly")[5:7] == ["0 3 * * * (UTC), queue", "2026-01-01 03:00:00"]
+    assert r.cells("nightly")[5:7] == ["0 3 * * * (UTC), queue", "2026-01-01 03:00:00"]
 
     monkeypatch.setenv("TZ", "Asia/Tokyo")  # the next fire in local time: 9 hours ahead of UTC
     time.tzset()
@@ -415,7 +346,7 @@ def test_list_get_and_delete(gantry: Gantry, fakes: Fakes, monkeypatch: pytest.M
     assert fields["missed fires"].startswith("11 (the service was down")
     assert fields["params"] == "epochs=3, min_accuracy=0.7"
     assert fields["last run"] == "run-1 (succeeded)" and fields["owner"] == "dev"
-    assert _cells(r.out, "3") == ["3", "evaluate", "evaluate", "train", "", ""]
+    assert r.cells("3") == ["3", "evaluate", "evaluate", "train", "", ""]
 
     r = gantry("pipelines", "get", "nope")
     assert r.code == 2 and r.err.strip() == "gantry: error: pipeline 'nope' not found"
@@ -455,34 +386,34 @@ def test_run_sends_the_parameters_and_refuses_bad_ones(gantry: Gantry, fakes: Fa
 
 
 def test_run_wait_follows_the_steps_and_shows_the_run(gantry: Gantry, fakes: Fakes) -> None:
-    fakes.workflows.script = [*RUNNING, SUCCEEDED]
+    fakes.workflows.service.script = [*RUNNING, SUCCEEDED]
     r = gantry("pipelines", "run", "churn", "--wait")
     assert r.code == 0, r.err
-    assert fakes.workflows.polls == 3
+    assert fakes.workflows.service.polls == 3
     changes = [line.split("  ", 1)[1] for line in r.err.splitlines()]  # after the time stamp
     assert changes[0].split() == ["…", "preprocess", "data", "running", "job", "j-1"]
     assert any(c.split()[:4] == ["✓", "train", "train", "succeeded"] for c in changes)
     assert "run run-1 of churn (revision 2): succeeded" in r.out
     assert "✓ deploy (deploy) ← evaluate" in r.out
-    assert _cells(r.out, "train")[:6] == ["train", "train", "succeeded", "2", "j-3", "1m 30s"]
+    assert r.cells("train")[:6] == ["train", "train", "succeeded", "2", "j-3", "1m 30s"]
 
 
 def test_run_wait_exits_1_when_the_run_fails_or_takes_too_long(
     gantry: Gantry, fakes: Fakes
 ) -> None:
-    fakes.workflows.script = [RUNNING[0], FAILED]
+    fakes.workflows.service.script = [RUNNING[0], FAILED]
     r = gantry("pipelines", "run", "churn", "--wait")
     assert r.code == 1
     assert "run run-1 of churn (revision 2): failed" in r.out
     assert "step evaluate failed: job j-4 failed: evaluate() raised" in r.out
     assert "      └─ ⊘ deploy (deploy) ← evaluate" in r.out.splitlines()
 
-    fakes.workflows.script, fakes.workflows.polls = [RUNNING[1]], 0
+    fakes.workflows.service.script, fakes.workflows.service.polls = [RUNNING[1]], 0
     r = gantry("pipelines", "run", "churn", "--wait", "--timeout", "0.2", "--json")
     assert r.code == 1
     assert json.loads(r.out)["steps"][1]["state"] == "running"  # stdout: the run as last seen
     assert "run run-1 is still running after 0.2s; it goes on: follow it with" in r.err
-    assert fakes.workflows.polls >= 3
+    assert fakes.workflows.service.polls >= 3
 
 
 # ---------------------------------------------------------------------- runs
@@ -495,11 +426,11 @@ def test_runs_list_shows_the_cron_history(gantry: Gantry, fakes: Fakes) -> None:
     sent = fakes.workflows.last(pb.ListRunsRequest)
     assert (sent.pipeline, sent.state, sent.limit) == ("churn", "skipped", 5)
     assert "2 runs of churn" in r.out
-    assert _cells(r.out, "run-9") == [
+    assert r.cells("run-9") == [
         "run-9", "churn", "2", "schedule", "2026-01-01 03:00:00", "2026-01-01 02:00:00",
         "6m 40s", "skipped", "skipped: run run-8 is still running (concurrency: skip)",
     ]  # fmt: skip
-    assert _cells(r.out, "run-8")[6:8] == ["", "running"]
+    assert r.cells("run-8")[6:8] == ["", "running"]
     data = json.loads(gantry("pipelines", "runs", "list", "--json").out)
     assert [x["id"] for x in data] == ["run-9", "run-8"]
 
@@ -529,7 +460,7 @@ def test_runs_get_draws_the_graph_and_shows_outputs_lineage_and_attempts(
         "   └─ ✓ evaluate (evaluate) ← train",
         "      └─ ✓ deploy (deploy) ← evaluate",
     ]
-    assert _cells(r.out, "deploy")[:7] == [
+    assert r.cells("deploy")[:7] == [
         "deploy", "deploy", "succeeded", "1", "", "1m 30s", "churn v4 canary at 20% in churn",
     ]  # fmt: skip
     at = lines.index("train:")
@@ -548,7 +479,7 @@ def test_runs_get_draws_the_graph_and_shows_outputs_lineage_and_attempts(
 
 
 def test_runs_get_logs_reads_each_steps_job_from_the_scheduler(
-    gantry: Gantry, fakes: Fakes, data_dir: Path
+    gantry: Gantry, fakes: Fakes, tmp_path: Path
 ) -> None:
     r = gantry("pipelines", "runs", "get", "run-1", "--logs", "2")
     assert r.code == 0, r.err
@@ -563,7 +494,7 @@ def test_runs_get_logs_reads_each_steps_job_from_the_scheduler(
     at = lines.index("── evaluate (job j-4): the last 2 log lines ──")
     assert lines[at + 1] == "(no logs: job 'j-4' not found)"
 
-    (data_dir / "run" / "scheduler.json").unlink()
+    (tmp_path / "run" / "scheduler.json").unlink()
     r = gantry("pipelines", "runs", "get", "run-1", "--logs", "2")
     assert r.code == 0 and "no logs: don't know where the scheduler service is" in r.out
     r = gantry("pipelines", "runs", "get", "run-1", "--logs", "-1")
@@ -585,12 +516,12 @@ def test_cancel_and_retry(gantry: Gantry, fakes: Fakes) -> None:
 
 
 def test_the_service_is_found_from_the_setting_or_said_missing(
-    gantry: Gantry, fakes: Fakes, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    gantry: Gantry, fakes: Fakes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (data_dir / "run" / "workflows.json").unlink()
+    (tmp_path / "run" / "workflows.json").unlink()
     r = gantry("pipelines", "list")
     assert r.code == 2 and "don't know where the workflows service is" in r.err
     assert "GANTRY_WORKFLOWS_ADDR" in r.err
-    monkeypatch.setenv("GANTRY_WORKFLOWS_ADDR", f"127.0.0.1:{fakes.ports['workflows']}")
+    monkeypatch.setenv("GANTRY_WORKFLOWS_ADDR", f"127.0.0.1:{fakes.workflows.port}")
     r = gantry("pipelines", "list")
     assert r.code == 0 and "2 pipelines" in r.out

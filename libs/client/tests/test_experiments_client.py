@@ -14,7 +14,6 @@ import math
 import textwrap
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,23 +132,12 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
     """Canned experiments; ``GetExperiment`` of churn-hpo answers from ``script`` (one per
     poll, the last one repeated); polls in ``down`` answer UNAVAILABLE."""
 
-    requests: list[Any] = field(default_factory=list)
     script: list[pb.Experiment] = field(default_factory=lambda: [experiment_pb()])
     down: set[int] = field(default_factory=set)
     polls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _check(self, request: Any, context: grpc.ServicerContext) -> None:
-        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        with self.lock:
-            self.requests.append(request)
-
-    def last(self, kind: type[Any]) -> Any:
-        return next(r for r in reversed(self.requests) if isinstance(r, kind))
-
     def SubmitExperiment(self, request: Any, context: Any) -> pb.Experiment:
-        self._check(request, context)
         if "logUniform: [0, 1]" in request.spec_yaml:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -163,7 +151,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return experiment_pb(upto=3)
 
     def GetExperiment(self, request: Any, context: Any) -> pb.Experiment:
-        self._check(request, context)
         if request.name != "churn-hpo":
             context.abort(grpc.StatusCode.NOT_FOUND, f"experiment {request.name!r} not found")
         with self.lock:
@@ -173,11 +160,9 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return self.script[min(poll, len(self.script) - 1)]
 
     def ListExperiments(self, request: Any, context: Any) -> pb.ListExperimentsResponse:
-        self._check(request, context)
         return pb.ListExperimentsResponse(experiments=[experiment_pb()])
 
     def CancelExperiment(self, request: Any, context: Any) -> pb.Experiment:
-        self._check(request, context)
         if request.name == "done-hpo":
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "experiment done-hpo already failed")
         e = experiment_pb("cancelled", reason=request.reason)
@@ -187,25 +172,14 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return e
 
 
-@dataclass
-class Running:
-    address: str
-    service: FakeWorkflows
+@pytest.fixture
+def workflows(serve_fake: Any) -> Any:
+    """The fake on a free local port (a ``Served``: the fake and the requests it got)."""
+    return serve_fake(FakeWorkflows(), pb_grpc.add_WorkflowServiceServicer_to_server, token=TOKEN)
 
 
 @pytest.fixture
-def workflows() -> Iterator[Running]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service = FakeWorkflows()
-    pb_grpc.add_WorkflowServiceServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield Running(f"127.0.0.1:{port}", service)
-    server.stop(None).wait()
-
-
-@pytest.fixture
-def client(workflows: Running) -> Iterator[WorkflowsClient]:
+def client(workflows: Any) -> Iterator[WorkflowsClient]:
     with WorkflowsClient(workflows.address, TOKEN, timeout_s=10) as c:
         yield c
 
@@ -321,31 +295,29 @@ def test_an_experiment_step_is_a_step_kind_of_the_graph() -> None:
 
 
 def test_submit_get_list_and_cancel_send_their_arguments(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     started = client.submit_experiment(HPO)
-    sent = workflows.service.last(pb.SubmitExperimentRequest)
+    sent = workflows.last(pb.SubmitExperimentRequest)
     assert (sent.spec_yaml, sent.dry_run) == (HPO, False)
     assert isinstance(started, ExperimentInfo) and len(started.trials) == 3
     checked = client.submit_experiment(HPO, dry_run=True)
-    assert workflows.service.last(pb.SubmitExperimentRequest).dry_run
+    assert workflows.last(pb.SubmitExperimentRequest).dry_run
     assert (checked.state, checked.trials, checked.done) == ("checked", (), False)
 
     assert client.experiment("churn-hpo").best_trial == 4
-    assert workflows.service.last(pb.NameRequest).name == "churn-hpo"
+    assert workflows.last(pb.NameRequest).name == "churn-hpo"
     assert [e.name for e in client.experiments(state="running")] == ["churn-hpo"]
-    assert workflows.service.last(pb.ListExperimentsRequest).state == "running"
+    assert workflows.last(pb.ListExperimentsRequest).state == "running"
 
     cancelled = client.cancel_experiment("churn-hpo", "wrong data")
-    sent = workflows.service.last(pb.NameRequest)
+    sent = workflows.last(pb.NameRequest)
     assert (sent.name, sent.reason) == ("churn-hpo", "wrong data")
     assert cancelled.state == "cancelled" and cancelled.done
     assert [t.number for t in cancelled.trials_in("cancelled")] == [7]
 
 
-def test_bad_arguments_are_refused_before_any_call(
-    workflows: Running, client: WorkflowsClient
-) -> None:
+def test_bad_arguments_are_refused_before_any_call(workflows: Any, client: WorkflowsClient) -> None:
     with pytest.raises(InvalidInput, match="the experiment document is empty"):
         client.submit_experiment(" \n")
     with pytest.raises(InvalidInput, match="unknown experiment state 'done'") as info:
@@ -359,7 +331,7 @@ def test_bad_arguments_are_refused_before_any_call(
         client.wait_experiment("churn-hpo", timeout_s=0)
     with pytest.raises(InvalidInput, match="poll_s must be more than 0"):
         client.wait_experiment("churn-hpo", timeout_s=1, poll_s=0)
-    assert workflows.service.requests == []
+    assert workflows.requests == []
 
 
 def test_server_errors_become_typed_errors_with_the_message(client: WorkflowsClient) -> None:
@@ -374,7 +346,7 @@ def test_server_errors_become_typed_errors_with_the_message(client: WorkflowsCli
 
 
 def test_wait_polls_until_the_search_ends_and_reports_each_change(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     three = experiment_pb(upto=3)
     workflows.service.script = [
@@ -388,7 +360,7 @@ def test_wait_polls_until_the_search_ends_and_reports_each_change(
 
 
 def test_wait_gives_up_after_the_timeout_with_the_experiment_as_last_seen(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     with pytest.raises(ExperimentWaitTimeout) as info:
         client.wait_experiment("churn-hpo", timeout_s=0.2, poll_s=0.05)

@@ -13,7 +13,6 @@ import socket
 import textwrap
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,26 +157,15 @@ def run_pb(state: str = "succeeded", *, upto: int = 4, run_id: str = "run-1") ->
 
 @dataclass
 class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
-    """Canned answers; every request kept in ``requests``. ``GetRun`` answers from ``script``
+    """Canned answers (the requests are kept by ``serve_fake``). ``GetRun`` answers from ``script``
     (one run per poll, the last one repeated); polls listed in ``down`` answer UNAVAILABLE."""
 
-    requests: list[Any] = field(default_factory=list)
     script: list[pb.Run] = field(default_factory=lambda: [run_pb()])
     down: set[int] = field(default_factory=set)
     polls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _check(self, request: Any, context: grpc.ServicerContext) -> None:
-        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        with self.lock:
-            self.requests.append(request)
-
-    def last(self, kind: type[Any]) -> Any:
-        return next(r for r in reversed(self.requests) if isinstance(r, kind))
-
     def SubmitPipeline(self, request: Any, context: Any) -> pb.SubmitPipelineResponse:
-        self._check(request, context)
         if "kind: Pipe\n" in request.spec_yaml:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -191,7 +179,6 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         )
 
     def GetPipeline(self, request: Any, context: Any) -> pb.Pipeline:
-        self._check(request, context)
         if request.name == "nightly":
             schedule = pb.Schedule(cron="0 3 * * *", timezone="Europe/Paris", concurrency="queue",
                                    next_fire_ms=1_767_236_400_000, missed=2)  # fmt: skip
@@ -201,24 +188,20 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return pipeline_pb()
 
     def ListPipelines(self, request: Any, context: Any) -> pb.ListPipelinesResponse:
-        self._check(request, context)
         return pb.ListPipelinesResponse(pipelines=[pipeline_pb()])
 
     def DeletePipeline(self, request: Any, context: Any) -> pb.Pipeline:
-        self._check(request, context)
         context.abort(
             grpc.StatusCode.FAILED_PRECONDITION, f"pipeline {request.name} has 1 active run(s)"
         )
         raise AssertionError("abort raises")
 
     def StartRun(self, request: Any, context: Any) -> pb.StartRunResponse:
-        self._check(request, context)
         return pb.StartRunResponse(
             run=run_pb("running", upto=0), duplicate=request.request_id == "again"
         )
 
     def GetRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         if request.id != "run-1":
             context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.id!r} not found")
         with self.lock:
@@ -228,37 +211,23 @@ class FakeWorkflows(pb_grpc.WorkflowServiceServicer):
         return self.script[min(poll, len(self.script) - 1)]
 
     def ListRuns(self, request: Any, context: Any) -> pb.ListRunsResponse:
-        self._check(request, context)
         return pb.ListRunsResponse(runs=[run_pb()])
 
     def CancelRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         return run_pb("cancelled", upto=1)
 
     def RetryRun(self, request: Any, context: Any) -> pb.Run:
-        self._check(request, context)
         return run_pb("running", upto=2)
 
 
-@dataclass
-class Running:
-    address: str
-    service: FakeWorkflows
+@pytest.fixture
+def workflows(serve_fake: Any) -> Any:
+    """The fake on a free local port (a ``Served``: the fake and the requests it got)."""
+    return serve_fake(FakeWorkflows(), pb_grpc.add_WorkflowServiceServicer_to_server, token=TOKEN)
 
 
 @pytest.fixture
-def workflows() -> Iterator[Running]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service = FakeWorkflows()
-    pb_grpc.add_WorkflowServiceServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield Running(f"127.0.0.1:{port}", service)
-    server.stop(None).wait()
-
-
-@pytest.fixture
-def client(workflows: Running) -> Iterator[WorkflowsClient]:
+def client(workflows: Any) -> Iterator[WorkflowsClient]:
     with WorkflowsClient(workflows.address, TOKEN, timeout_s=10) as c:
         yield c
 
@@ -267,10 +236,10 @@ def client(workflows: Running) -> Iterator[WorkflowsClient]:
 
 
 def test_a_submitted_pipeline_arrives_as_plain_records(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     result = client.submit(CHURN)
-    sent = workflows.service.last(pb.SubmitPipelineRequest)
+    sent = workflows.last(pb.SubmitPipelineRequest)
     assert (sent.spec_yaml, sent.dry_run) == (CHURN, False)
     p = result.pipeline
     assert isinstance(p, PipelineInfo) and result.replaced
@@ -281,7 +250,7 @@ def test_a_submitted_pipeline_arrives_as_plain_records(
         p.revision = 3  # type: ignore[misc]
 
     dry = client.submit(CHURN, dry_run=True)
-    assert workflows.service.last(pb.SubmitPipelineRequest).dry_run
+    assert workflows.last(pb.SubmitPipelineRequest).dry_run
     assert (dry.pipeline.revision, dry.replaced) == (0, False)
 
 
@@ -301,7 +270,7 @@ def test_the_step_graph_follows_references_dependson_and_gates() -> None:
     assert (first.name, first.kind, first.depends_on) == ("preprocess", "", ())
 
 
-def test_get_list_and_a_cron_schedule(workflows: Running, client: WorkflowsClient) -> None:
+def test_get_list_and_a_cron_schedule(workflows: Any, client: WorkflowsClient) -> None:
     p = client.get("churn")
     assert (p.last_run_id, p.last_run_state) == ("run-1", "succeeded")
     nightly = client.get("nightly")
@@ -349,11 +318,11 @@ def test_a_run_arrives_step_by_step_with_lineage(client: WorkflowsClient) -> Non
 
 
 def test_start_runs_cancel_and_retry_send_their_arguments(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     params: Any = {"epochs": "7", "warm": True}  # a bool is sent as the service writes it
     started = client.start("churn", params, request_id="r-1")
-    sent = workflows.service.last(pb.StartRunRequest)
+    sent = workflows.last(pb.StartRunRequest)
     assert (sent.pipeline, dict(sent.params), sent.request_id) == (
         "churn",
         {"epochs": "7", "warm": "true"},
@@ -364,20 +333,18 @@ def test_start_runs_cancel_and_retry_send_their_arguments(
     assert client.start("churn", request_id="again").duplicate
 
     assert [r.id for r in client.runs(pipeline="churn", state="failed", limit=5)] == ["run-1"]
-    sent = workflows.service.last(pb.ListRunsRequest)
+    sent = workflows.last(pb.ListRunsRequest)
     assert (sent.pipeline, sent.state, sent.limit) == ("churn", "failed", 5)
 
     assert client.cancel("run-1", "wrong data").state == "cancelled"
-    sent = workflows.service.last(pb.RunRequest)
+    sent = workflows.last(pb.RunRequest)
     assert (sent.id, sent.reason) == ("run-1", "wrong data")
     assert client.retry("run-1", from_step="evaluate").state == "running"
-    sent = workflows.service.last(pb.RunRequest)
+    sent = workflows.last(pb.RunRequest)
     assert (sent.id, sent.from_step) == ("run-1", "evaluate")
 
 
-def test_bad_arguments_are_refused_before_any_call(
-    workflows: Running, client: WorkflowsClient
-) -> None:
+def test_bad_arguments_are_refused_before_any_call(workflows: Any, client: WorkflowsClient) -> None:
     with pytest.raises(InvalidInput, match="the pipeline document is empty"):
         client.submit("  \n")
     with pytest.raises(InvalidInput, match="unknown run state 'done'"):
@@ -392,11 +359,11 @@ def test_bad_arguments_are_refused_before_any_call(
         client.start("churn", {"": "1"})
     with pytest.raises(InvalidInput, match="timeout_s must be more than 0"):
         client.wait("run-1", timeout_s=0)
-    assert workflows.service.requests == []
+    assert workflows.requests == []
 
 
 def test_server_errors_become_typed_errors_with_the_message(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     with pytest.raises(InvalidInput, match="kind 'Pipe' is not a pipeline"):
         client.submit(CHURN.replace("kind: Pipeline\n", "kind: Pipe\n"))
@@ -413,7 +380,7 @@ def test_server_errors_become_typed_errors_with_the_message(
 
 
 def test_wait_polls_until_the_run_ends_and_reports_each_change(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     running = run_pb("running", upto=1)
     workflows.service.script = [running, running, run_pb("running", upto=3), run_pb()]
@@ -425,7 +392,7 @@ def test_wait_polls_until_the_run_ends_and_reports_each_change(
 
 
 def test_wait_gives_up_after_the_timeout_with_the_run_as_last_seen(
-    workflows: Running, client: WorkflowsClient
+    workflows: Any, client: WorkflowsClient
 ) -> None:
     workflows.service.script = [run_pb("running", upto=2)]
     with pytest.raises(RunWaitTimeout) as info:

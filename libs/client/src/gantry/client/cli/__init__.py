@@ -16,6 +16,7 @@
     gantry pipelines submit | list | get | delete | run
     gantry pipelines runs list | get | cancel | retry
     gantry experiments submit | list | get | cancel
+    gantry sessions start | list | get | stop | resume
 
 Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``,
 ``GANTRY_GOVERNANCE_ADDR``) are loaded once in :func:`main` and handed to every command;
@@ -25,8 +26,9 @@ Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``,
 This module holds the root app and the entry point; each command group lives in a module of its
 own (``_up``, ``_admin``, ``_events``, ``_audit``, ``_audit_verify``, ``_data``,
 ``_data_access``, ``_models``, ``_jobs``, ``_serve``, ``_profile``, ``_pipelines``,
-``_experiments``) and what they share in ``_common``. The names in ``__all__`` are the
-package's public surface.
+``_experiments``, ``_sessions``) and what they share in ``_common`` (and ``_following``: how a
+command follows a run, an experiment or a session until it ends). The names in ``__all__`` are
+the package's public surface.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from gantry.client.cli._models import models_app
 from gantry.client.cli._pipelines import pipelines_app
 from gantry.client.cli._profile import profile_app
 from gantry.client.cli._serve import serve_app
+from gantry.client.cli._sessions import sessions_app
 from gantry.client.cli._sim import sim
 from gantry.client.cli._up import up
 from gantry.client.config import ClientSettings
@@ -80,6 +83,7 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(profile_app, name="profile")
 app.add_typer(pipelines_app, name="pipelines")
 app.add_typer(experiments_app, name="experiments")
+app.add_typer(sessions_app, name="sessions")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(queues_app, name="queues")

@@ -16,21 +16,14 @@ search succeeded (found a best trial); every error is ``gantry: error: ...`` wit
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress
 from rich.table import Table
 
 from gantry.client.cli._common import (
@@ -42,6 +35,7 @@ from gantry.client.cli._common import (
     fmt_ms,
     state_of,
 )
+from gantry.client.cli._following import follow, note
 from gantry.client.cli._pipeline_runs import say, styled
 from gantry.client.cli._pipelines import read_document, workflows_client
 from gantry.core import InvalidInput
@@ -300,56 +294,37 @@ def _follow(
     """Wait for the search to end, showing its trials: a live bar of finished trials with the
     counts and the best so far on a terminal, and a line on stderr per trial started or ended
     and per new best. The experiment as last seen, and whether it ended within ``timeout``."""
-    from gantry.client.workflows import ExperimentWaitTimeout
-
-    progress = Progress(
-        SpinnerColumn(finished_text=" "),
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=state.err,
-        transient=True,
-        disable=not state.err.is_terminal,
-    )
-    task = progress.add_task(_summary(exp), total=exp.budget_trials)
     seen: dict[int, str] = {}
     best = [-1]
 
-    def line(text: str) -> None:
-        stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
-        state.err.print(f"{stamp}  {text}", markup=False, highlight=False)
+    def show(progress: Progress) -> Callable[[ExperimentInfo], None]:
+        task = progress.add_task(_summary(exp), total=exp.budget_trials)
 
-    def update(e: ExperimentInfo) -> None:
-        for t in e.trials:
-            event = _trial_event(e, t, seen.get(t.number))
-            seen[t.number] = t.state
-            if event:
-                line(event)
-        top = e.best
-        if top is not None and top.number != best[0]:
-            best[0] = top.number
-            line(f"best so far: trial {top.number}, {e.metric} {_value(top.value)}")
-        done = sum(1 for t in e.trials if t.done)
-        progress.update(task, description=_summary(e), completed=done)
+        def update(e: ExperimentInfo) -> None:
+            for t in e.trials:
+                event = _trial_event(e, t, seen.get(t.number))
+                seen[t.number] = t.state
+                if event:
+                    note(state, event)
+            top = e.best
+            if top is not None and top.number != best[0]:
+                best[0] = top.number
+                note(state, f"best so far: trial {top.number}, {e.metric} {_value(top.value)}")
+            done = sum(1 for t in e.trials if t.done)
+            progress.update(task, description=_summary(e), completed=done)
 
-    with progress:
-        try:
-            return client.wait_experiment(
-                exp.name, timeout_s=timeout, poll_s=POLL_S, on_update=update
-            ), True
-        except ExperimentWaitTimeout as exc:
-            progress.stop()
-            return exc.last, False
-        except KeyboardInterrupt:
-            progress.stop()
-            state.err.print(
-                f"stopped waiting; experiment {exp.name} goes on (stop it with "
-                f"'gantry experiments cancel {exp.name}')",
-                markup=False,
-                highlight=False,
-            )
-            raise typer.Exit(EXIT_FAILED) from None
+        return update
+
+    return follow(
+        state,
+        lambda on_update: client.wait_experiment(
+            exp.name, timeout_s=timeout, poll_s=POLL_S, on_update=on_update
+        ),
+        show,
+        columns=(BarColumn(), MofNCompleteColumn()),
+        goes_on=f"experiment {exp.name} goes on (stop it with "
+        f"'gantry experiments cancel {exp.name}')",
+    )
 
 
 # ---------------------------------------------------------------------- list, get, cancel

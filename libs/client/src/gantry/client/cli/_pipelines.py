@@ -26,13 +26,13 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from gantry.client.cli._common import (
@@ -44,6 +44,7 @@ from gantry.client.cli._common import (
     fmt_ms,
     state_of,
 )
+from gantry.client.cli._following import follow, note
 from gantry.client.cli._pipeline_runs import (
     pairs,
     print_logs,
@@ -394,51 +395,36 @@ def _follow(
 ) -> tuple[RunInfo, bool]:
     """Wait for ``run`` to end, showing its steps: a live display on a terminal, else a line on
     stderr per change. The run as last seen, and whether it ended within ``timeout``."""
-    from gantry.client.workflows import RunWaitTimeout
-
     live = state.err.is_terminal
-    progress = Progress(
-        SpinnerColumn(finished_text=" "),
-        TextColumn("{task.description}", markup=False),
-        TimeElapsedColumn(),
-        console=state.err,
-        transient=True,
-        disable=not live,
-    )
     tasks: dict[str, TaskID] = {}
     seen: dict[str, tuple[str, str, int]] = {}
     width = max((len(s.name) for s in run.steps), default=0)
 
-    def update(r: RunInfo) -> None:
-        for s in r.steps:
-            line = step_line(s, width)
-            if s.name not in tasks:
-                tasks[s.name] = progress.add_task(line, total=1, start=s.state != "pending")
-            task = tasks[s.name]
-            progress.update(task, description=line, completed=1 if s.done else 0)
-            if s.state != "pending":
-                progress.start_task(task)
-            change = (s.state, s.reason, s.attempt)
-            if not live and s.state != "pending" and seen.get(s.name) != change:
-                stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
-                state.err.print(f"{stamp}  {line}", markup=False, highlight=False)
-            seen[s.name] = change
+    def show(progress: Progress) -> Callable[[RunInfo], None]:
+        def update(r: RunInfo) -> None:
+            for s in r.steps:
+                line = step_line(s, width)
+                if s.name not in tasks:
+                    tasks[s.name] = progress.add_task(line, total=1, start=s.state != "pending")
+                task = tasks[s.name]
+                progress.update(task, description=line, completed=1 if s.done else 0)
+                if s.state != "pending":
+                    progress.start_task(task)
+                change = (s.state, s.reason, s.attempt)
+                if not live and s.state != "pending" and seen.get(s.name) != change:
+                    note(state, line)
+                seen[s.name] = change
 
-    with progress:
-        try:
-            return client.wait(run.id, timeout_s=timeout, poll_s=POLL_S, on_update=update), True
-        except RunWaitTimeout as exc:
-            progress.stop()
-            return exc.last, False
-        except KeyboardInterrupt:
-            progress.stop()
-            state.err.print(
-                f"stopped waiting; run {run.id} goes on (stop it with "
-                f"'gantry pipelines runs cancel {run.id}')",
-                markup=False,
-                highlight=False,
-            )
-            raise typer.Exit(EXIT_FAILED) from None
+        return update
+
+    return follow(
+        state,
+        lambda on_update: client.wait(
+            run.id, timeout_s=timeout, poll_s=POLL_S, on_update=on_update
+        ),
+        show,
+        goes_on=f"run {run.id} goes on (stop it with 'gantry pipelines runs cancel {run.id}')",
+    )
 
 
 # ---------------------------------------------------------------------- runs

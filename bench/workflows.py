@@ -174,6 +174,9 @@ class TrainingPlatform:
     def rollout(self, deployment: str, version: int, *, owner: Owner) -> Rollout | None:
         return None
 
+    def answers(self, endpoint: str) -> bool:
+        return True
+
 
 def search(
     method: str, pruner: str, trials: int, epochs: int, seed: int, data: Any

@@ -76,6 +76,10 @@ class FakePlatform:
         self.deploys: list[tuple[str, str, int, Owner]] = []
         self.rollouts: dict[tuple[str, int], Rollout] = {}
         self.down = False
+        self.silent: set[str] = set()  # endpoints that do not answer yet
+
+    def answers(self, endpoint: str) -> bool:
+        return endpoint not in self.silent
 
     def submit_job(self, document: Mapping[str, Any], *, request_id: str, owner: Owner) -> str:
         if self.down:

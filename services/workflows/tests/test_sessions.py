@@ -63,3 +63,45 @@ def test_a_session_runs_is_preempted_culled_and_resumed(rig: Rig) -> None:
     assert again.generation == 2 and again.token != view.token
     assert again.job_id != view.job_id
     assert [g.how for g in again.history] == ["culled", ""]
+
+
+def test_a_session_is_running_only_once_its_server_answers(rig: Rig) -> None:
+    sessions = Sessions(rig.controller.engine, rig.platform, rig.clock)
+    view = sessions.start(SESSION, owner=ANA)
+    rig.platform.jobs[view.job_id]["rendezvous"] = "10.0.0.5:21234"
+    rig.platform.silent.add("10.0.0.5:21234")  # the job runs, its server is still starting
+    sessions.tick()
+    starting = sessions.get("ana-scratch")
+    assert (starting.state, starting.reason, starting.url) == (
+        "starting",
+        "its server is starting",
+        "",
+    )
+    rig.platform.silent.clear()
+    sessions.tick()
+    assert sessions.get("ana-scratch").url == "http://10.0.0.5:21234/"
+
+
+def test_the_token_is_sealed_at_rest_and_bound_to_its_session(rig: Rig) -> None:
+    import sqlalchemy as sa
+
+    from gantry.workflows import store
+    from gantry.workflows.sealing import SealBroken, Sealer
+
+    key = bytes(range(32))
+    sessions = Sessions(rig.controller.engine, rig.platform, rig.clock, sealer=Sealer(key))
+    view = sessions.start(SESSION, owner=ANA)
+    with rig.controller.engine.connect() as conn:
+        stored = conn.execute(sa.select(store.sessions.c.token)).scalar_one()
+    assert stored.startswith("v1:") and view.token not in stored
+    # the same key opens it (a restarted service); another key does not, and nothing breaks
+    assert Sessions(rig.controller.engine, rig.platform, sealer=Sealer(key)).get(
+        "ana-scratch"
+    ).token == (view.token)
+    other = Sessions(rig.controller.engine, rig.platform, sealer=Sealer(bytes(32)))
+    assert other.get("ana-scratch").token == ""
+    assert [v.name for v in other.list()] == ["ana-scratch"]
+    # a sealed token moved to another session's row does not open there
+    sealer = Sealer(key)
+    with pytest.raises(SealBroken, match="does not open"):
+        sealer.open(stored, bound_to="someone-else")

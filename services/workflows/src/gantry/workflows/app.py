@@ -36,6 +36,7 @@ from gantry.workflows.intake import Intake
 from gantry.workflows.metrics import registry_for
 from gantry.workflows.platform import Platform, ServicePlatform
 from gantry.workflows.registry import Registry
+from gantry.workflows.sealing import KEY_NAME, Sealer
 from gantry.workflows.sessions import Sessions
 from gantry.workflows.settings import WorkflowSettings
 
@@ -91,7 +92,9 @@ class WorkflowService:
             self.engine, self.platform, settings.study_database_url, self.clock
         )
         self.controller.experimenter = self.experimenter
-        self.sessions = Sessions(self.engine, self.platform, self.clock)
+        self.sessions = Sessions(
+            self.engine, self.platform, self.clock, sealer=Sealer(self.keyring.secret(KEY_NAME))
+        )
         self.registry_metrics, self.counters = registry_for(self.engine)
         self.grpc_port = 0
         self.metrics_port = 0

@@ -284,11 +284,13 @@ class Experimenter:
             search = self._search(exp)
             spec = exp.spec
             metric = spec.objective.metric
+            stopping = False  # a pruned trial's job is still being cancelled
             for t in exp.trials:
                 if t.state == "starting":
                     self._submit(exp, t, owner)
                 elif t.state in ("running", "pruned") and t.job_id:
-                    self._observe(exp, t, owner, search, metric)
+                    ended = self._observe(exp, t, owner, search, metric)
+                    stopping = stopping or (t.state == "pruned" and not ended)
             budget_s = spec.budget.gpu_hours * 3600 if spec.budget.gpu_hours else None
             while True:
                 running = [t for t in exp.trials if t.state in ACTIVE]
@@ -314,7 +316,8 @@ class Experimenter:
             self._best(exp)
             running = [t for t in exp.trials if t.state in ACTIVE]
             over = budget_s is not None and exp.device_s >= budget_s
-            if not running and (len(exp.trials) >= spec.budget.trials or over):
+            # the last pruned jobs end before the experiment does, or their cost is lost
+            if not running and not stopping and (len(exp.trials) >= spec.budget.trials or over):
                 best = exp.best
                 if best is None:
                     self._finish(exp, "failed", "no trial succeeded: " + _why(exp))
@@ -353,32 +356,37 @@ class Experimenter:
 
     def _observe(
         self, exp: ExperimentView, t: TrialView, owner: Owner, search: Search, metric: str
-    ) -> None:
+    ) -> bool:
+        """Record how trial ``t``'s job ended, if it has; whether there is no more to wait for
+        (it ended, or the scheduler cannot say for good)."""
         try:
             status = self.platform.job(t.job_id, owner=owner)
+        except Unavailable:
+            return False
         except GantryError:
-            return
+            return True
         if not status.terminal:
-            return
+            return False
         t.device_s = status.device_seconds
         t.metrics = {k: float(v) for k, v in status.metrics.items()}
         t.model = status.model
         if t.state == "pruned":  # its job has ended now: record what it cost
             t.finished_ms = t.finished_ms or self.now_ms()
             self._save_trial(t, exp.name)
-            return
+            return True
         if status.state != "succeeded":
             search.failed(t.number)
             self._trial(exp, t, "failed", f"job {status.id} {status.state}: {status.reason}")
-            return
+            return True
         if metric not in t.metrics:
             search.failed(t.number)
             have = ", ".join(sorted(t.metrics)) or "none"
             self._trial(exp, t, "failed", f"the job reported no {metric!r} (it reported: {have})")
-            return
+            return True
         t.value = t.metrics[metric]
         search.succeeded(t.number, t.value)
         self._trial(exp, t, "succeeded", f"{metric} {t.value:.4g}")
+        return True
 
     def _best(self, exp: ExperimentView) -> None:
         done = [t for t in exp.trials if t.state == "succeeded" and t.value is not None]

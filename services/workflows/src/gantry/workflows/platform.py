@@ -10,6 +10,7 @@ apply (the orchestrator role lets it act as a user, never do more than that user
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,21 @@ class Platform(Protocol):
         """Where ``version`` stands in ``deployment`` (None when it does not serve it)."""
         ...
 
+    def answers(self, endpoint: str) -> bool:
+        """Whether something accepts connections at ``endpoint`` (``host:port``) yet: a dev
+        session's server is ``running`` only once it does."""
+        ...
+
+
+def tcp_answers(endpoint: str, timeout_s: float = 0.5) -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted within ``timeout_s``."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
 
 class ServicePlatform:
     """:class:`Platform` over the scheduler and serving gRPC APIs."""
@@ -158,6 +174,9 @@ class ServicePlatform:
             device_seconds=devices * ran_ms / 1000 if info.started_ms else 0.0,
             rendezvous=info.rendezvous,
         )
+
+    def answers(self, endpoint: str) -> bool:
+        return tcp_answers(endpoint)
 
     def cancel_job(self, job_id: str, reason: str, *, owner: Owner) -> None:
         with self._scheduler(owner) as client:
@@ -231,4 +250,12 @@ def lineage_of(document: Mapping[str, Any]) -> Sequence[tuple[str, str, str]]:
     return out
 
 
-__all__ = ["JobStatus", "Owner", "Platform", "Rollout", "ServicePlatform", "lineage_of"]
+__all__ = [
+    "JobStatus",
+    "Owner",
+    "Platform",
+    "Rollout",
+    "ServicePlatform",
+    "lineage_of",
+    "tcp_answers",
+]

@@ -12,8 +12,10 @@ session's state after it:
   owner stopped it) or ``failed``: the job has ended and its GPU is free. ``resume`` starts
   the next generation, which gets the files back and a new token.
 
-The token is made here (``secrets.token_urlsafe``), kept in the service's database and shown
-only to the session's owner; the node only ever gets its SHA-256.
+The token is made here (``secrets.token_urlsafe``), kept in the service's database sealed
+(AES-256-GCM, :mod:`gantry.workflows.sealing`) and shown only to the session's owner; the node
+only ever gets its SHA-256. A session is ``running`` once its server accepts connections, not
+merely once its job runs.
 """
 
 from __future__ import annotations
@@ -40,8 +42,15 @@ from gantry.core import (
 )
 from gantry.events.catalog import DevSessionChanged
 from gantry.workflows import store
-from gantry.workflows.devsessions import DevSession, SessionSpec, job_document, parse_session
+from gantry.workflows.devsessions import (
+    DevSession,
+    SessionDoc,
+    SessionSpec,
+    job_document,
+    parse_session,
+)
 from gantry.workflows.platform import JobStatus, Owner, Platform
+from gantry.workflows.sealing import SealBroken, Sealer
 
 _log = get_logger("gantry.workflows.sessions")
 ACTIVE = ("starting", "running", "waiting")
@@ -94,10 +103,18 @@ class SessionView:
 class Sessions:
     """Runs dev sessions; every public method is safe to call from any thread."""
 
-    def __init__(self, engine: sa.Engine, platform: Platform, clock: Clock = SystemClock()) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        platform: Platform,
+        clock: Clock = SystemClock(),
+        *,
+        sealer: Sealer | None = None,
+    ) -> None:
         self.engine = engine
         self.platform = platform
         self.clock = clock
+        self.sealer = sealer or Sealer.ephemeral()
         self.on_change: Callable[[], None] = lambda: None
         self._lock = threading.RLock()
 
@@ -148,14 +165,14 @@ class Sessions:
             ).first()
         if row is None:
             raise NotFound("dev session", name, hint="list sessions with `gantry sessions list`")
-        return _view(row)
+        return self._view(row)
 
     def list(self, *, state: str = "") -> list[SessionView]:
         query = sa.select(store.sessions).order_by(store.sessions.c.created_ms.desc())
         if state:
             query = query.where(store.sessions.c.state == state)
         with self.engine.connect() as conn:
-            return [_view(r) for r in conn.execute(query).all()]
+            return [self._view(r) for r in conn.execute(query).all()]
 
     def stop(self, name: str, reason: str) -> SessionView:
         """Stop the session: its server saves the files and its GPU is freed."""
@@ -239,8 +256,14 @@ class Sessions:
                 how, why = _ending(status)
                 self._end(view, how, why, status)
                 return
-            if status.state == "running" and status.rendezvous:
+            if (
+                status.state == "running"
+                and status.rendezvous
+                and (previous == "running" or self.platform.answers(status.rendezvous))
+            ):
                 state, reason, endpoint = "running", "the server is up", status.rendezvous
+            elif status.state == "running" and status.rendezvous and previous != "waiting":
+                state, reason, endpoint = "starting", "its server is starting", ""
             elif previous in ("running", "waiting") and status.state in ("pending", "admitted"):
                 state, reason, endpoint = (
                     "waiting",
@@ -281,7 +304,7 @@ class Sessions:
             "source": view.source,
             "state": view.state,
             "reason": view.reason,
-            "token": view.token,
+            "token": self.sealer.seal(view.token, bound_to=view.name),
             "generation": view.generation,
             "job_id": view.job_id,
             "endpoint": view.endpoint,
@@ -319,6 +342,32 @@ class Sessions:
                 subject=view.name,
             )
 
+    def _view(self, row: Any) -> SessionView:
+        try:
+            token = self.sealer.open(row.token, bound_to=row.name)
+        except SealBroken as exc:
+            _log.warning("session token unreadable", session=row.name, error=str(exc))
+            token = ""
+        doc = SessionDoc.model_validate(yaml.safe_load(row.source))
+        return SessionView(
+            name=row.name,
+            owner=row.owner,
+            roles=tuple(orjson.loads(row.roles_json)),
+            state=row.state,
+            reason=row.reason,
+            spec=doc.spec,
+            source=row.source,
+            token=token,
+            generation=row.generation,
+            job_id=row.job_id,
+            endpoint=row.endpoint,
+            active_s=row.active_s,
+            history=[Generation(*g) for g in orjson.loads(row.history_json)],
+            created_ms=row.created_ms,
+            started_ms=row.started_ms,
+            ended_ms=row.ended_ms,
+        )
+
 
 def _ending(status: JobStatus) -> tuple[str, str]:
     """How a session's job ended: culled, expired, stopped or failed, and why."""
@@ -332,30 +381,6 @@ def _ending(status: JobStatus) -> tuple[str, str]:
     if status.state == "cancelled":
         return "stopped", status.reason or "its job was cancelled"
     return "failed", f"its job {status.state}: {status.reason or 'no reason given'}"
-
-
-def _view(row: Any) -> SessionView:
-    from gantry.workflows.devsessions import SessionDoc
-
-    doc = SessionDoc.model_validate(yaml.safe_load(row.source))
-    return SessionView(
-        name=row.name,
-        owner=row.owner,
-        roles=tuple(orjson.loads(row.roles_json)),
-        state=row.state,
-        reason=row.reason,
-        spec=doc.spec,
-        source=row.source,
-        token=row.token,
-        generation=row.generation,
-        job_id=row.job_id,
-        endpoint=row.endpoint,
-        active_s=row.active_s,
-        history=[Generation(*g) for g in orjson.loads(row.history_json)],
-        created_ms=row.created_ms,
-        started_ms=row.started_ms,
-        ended_ms=row.ended_ms,
-    )
 
 
 __all__ = ["ACTIVE", "ENDED", "DevSession", "Generation", "SessionView", "Sessions"]

@@ -6,19 +6,10 @@ find its files back under a new token, and stops it."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
-import json
 import textwrap
 import time
-import urllib.error
-import urllib.request
-import uuid
-from typing import Any
-
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
 
 from gantry.client.admin import create_token
 from gantry.client.scheduler import SchedulerClient
@@ -26,6 +17,7 @@ from gantry.client.workflows import SessionInfo, WorkflowsClient
 from gantry.core import GantryError
 from gantry.sched.spec import PRIORITY_CLASSES
 from gantry.supervisor.platform import Platform
+from gantry.testing.jupyter import JupyterClient
 
 DEVELOPER = "dana-dev"
 NAME = "dana-scratch"
@@ -60,82 +52,10 @@ def _token(platform: Platform, who: str, roles: list[str]) -> str:
     return create_token(platform.data_dir, who, roles, dt.timedelta(hours=1))
 
 
-class Jupyter:
+def _jupyter(info: SessionInfo, token: str = "") -> JupyterClient:
     """The session's Jupyter server, spoken to as a notebook client would, with its token."""
-
-    def __init__(self, info: SessionInfo, token: str = "") -> None:
-        assert info.url and info.token, info
-        self.url = info.url.rstrip("/")
-        self.token = token or info.token
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """``(status, JSON body)`` of one REST API request."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}{path}", data, method=method)
-        req.add_header("Authorization", f"token {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as response:
-                raw = response.read()
-                return response.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            return exc.code, None
-
-    def ready(self, timeout_s: float = 5.0) -> None:
-        """The server answers: a session is ``running`` only once its server accepts
-        connections, so this takes at most moments (the API may still be settling)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if self.request("GET", "/api/status")[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"{self.url} never answered"
-            time.sleep(0.2)
-
-    def execute(self, kernel_id: str, code: str) -> str:
-        """Run ``code`` in the kernel; the text of its result."""
-        return asyncio.run(self._execute(kernel_id, code))
-
-    async def _execute(self, kernel_id: str, code: str) -> str:
-        url = f"{self.url.replace('http://', 'ws://', 1)}/api/kernels/{kernel_id}/channels"
-        ws = await websocket_connect(
-            HTTPRequest(url, headers={"Authorization": f"token {self.token}"})
-        )
-        msg_id = uuid.uuid4().hex
-        ws.write_message(
-            json.dumps(
-                {
-                    "header": {"msg_id": msg_id, "msg_type": "execute_request",
-                               "username": "test", "session": uuid.uuid4().hex,
-                               "version": "5.3", "date": ""},
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {"code": code, "silent": False, "store_history": False,
-                                "user_expressions": {}, "allow_stdin": False},
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )  # fmt: skip
-        result = None
-        try:
-            while True:
-                raw = await asyncio.wait_for(ws.read_message(), 60)
-                assert isinstance(raw, str), "the kernel's channel closed"
-                msg = json.loads(raw)
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if msg["msg_type"] == "execute_result":
-                    result = msg["content"]["data"]["text/plain"]
-                if msg["msg_type"] == "error":
-                    raise AssertionError("\n".join(msg["content"]["traceback"]))
-                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                    assert result is not None, f"{code!r} gave no result"
-                    return str(result)
-        finally:
-            ws.close()
+    assert info.url and info.token, info
+    return JupyterClient(info.url, token or info.token)
 
 
 def test_a_session_runs_cells_is_culled_when_idle_and_resumes_with_its_files(
@@ -170,7 +90,7 @@ def _use_cull_resume_and_stop(wf: WorkflowsClient, version: str) -> tuple[Sessio
     assert first.state == "running", first.reason
     assert first.token == started.token
 
-    jupyter = Jupyter(first)
+    jupyter = _jupyter(first)
     jupyter.ready()
     status, kernel = jupyter.request("POST", "/api/kernels", {"name": "python3"})
     assert status == 201, status
@@ -191,11 +111,11 @@ def _use_cull_resume_and_stop(wf: WorkflowsClient, version: str) -> tuple[Sessio
     assert second.state == "running", second.reason
     assert second.job_id != first.job_id
 
-    again = Jupyter(second)
+    again = _jupyter(second)
     again.ready()
     status, notes = again.request("GET", "/api/contents/notes.txt")
     assert (status, notes["content"]) == (200, "kept")  # generation 1's file is back
-    stale = Jupyter(second, first.token)  # generation 1's token opens nothing now
+    stale = _jupyter(second, first.token)  # generation 1's token opens nothing now
     assert stale.request("GET", "/api/contents/notes.txt")[0] == 403
 
     stopped = wf.stop_session(NAME, reason="done for today")

@@ -17,9 +17,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from tornado.websocket import websocket_connect
 
 from gantry.core import InvalidInput
 from gantry.storage import ObjectStore, StorageSettings, open_store
+from gantry.testing.jupyter import JupyterClient, close_websocket
 from gantry.training.outputs import read_metrics
 from gantry.training.session import (
     FilesTooLarge,
@@ -100,17 +98,9 @@ class Session:
         self, method: str, path: str, *, token: str | None = TOKEN, body: Any = None
     ) -> tuple[int, Any]:
         """``(status, JSON body)`` of one API request, with the token in the header."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data, method=method)
-        if token is not None:
-            req.add_header("Authorization", f"token {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as response:
-                raw = response.read()
-                return response.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            return exc.code, None
+        return JupyterClient(f"http://127.0.0.1:{self.port}", token or "").request(
+            method, path, body
+        )
 
     def wait(self, timeout: float = 30.0) -> int:
         code = self.process.wait(timeout)
@@ -150,40 +140,7 @@ def store_for(root: Path) -> ObjectStore:
 
 async def execute(port: int, kernel_id: str, code: str) -> str:
     """Run ``code`` in the kernel over its websocket; the text of its execute_result."""
-    url = f"ws://127.0.0.1:{port}/api/kernels/{kernel_id}/channels"
-    ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {TOKEN}"}))
-    msg_id = uuid.uuid4().hex
-    ws.write_message(
-        json.dumps(
-            {
-                "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
-                           "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
-                "parent_header": {},
-                "metadata": {},
-                "content": {"code": code, "silent": False, "store_history": False,
-                            "user_expressions": {}, "allow_stdin": False},
-                "channel": "shell",
-                "buffers": [],
-            }
-        )
-    )  # fmt: skip
-    result = None
-    try:
-        while True:
-            raw = await asyncio.wait_for(ws.read_message(), 30)
-            assert isinstance(raw, str), "the kernel's channel closed"
-            msg = json.loads(raw)
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "execute_result":
-                result = msg["content"]["data"]["text/plain"]
-            if msg["msg_type"] == "error":
-                raise AssertionError(msg["content"]["traceback"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                assert result is not None
-                return result
-    finally:
-        ws.close()
+    return await JupyterClient(f"http://127.0.0.1:{port}", TOKEN).execute_async(kernel_id, code)
 
 
 def test_a_session_admits_its_token_runs_code_ends_idle_and_keeps_its_files(
@@ -253,7 +210,7 @@ def test_a_shell_session_has_terminals_but_no_kernels_and_ends_at_its_lifetime(
     async def open_terminal(headers: dict[str, str]) -> None:
         url = f"ws://127.0.0.1:{port}/terminals/websocket/{terminal['name']}"
         ws = await websocket_connect(HTTPRequest(url, headers=headers))
-        ws.close()
+        await close_websocket(ws)
 
     with pytest.raises(HTTPClientError, match="403"):
         asyncio.run(open_terminal({}))

@@ -244,3 +244,20 @@ def test_trial_references_belong_to_experiments() -> None:
     bad = PIPELINE.replace("{logUniform: [0.001, 0.1]}", "{logUniform: [-1, 0.1]}")
     with pytest.raises(InvalidInput, match=r"spec.steps\[0\] \(search\).experiment.space.lr"):
         parse_pipeline(bad)
+
+
+def test_a_cancelled_experiment_keeps_what_its_running_trials_cost(
+    rig: Rig, tmp_path: Path
+) -> None:
+    experimenter = Experimenter(
+        rig.controller.engine, rig.platform, f"sqlite:///{tmp_path / 'studies.db'}", rig.clock
+    )
+    exp = experimenter.submit(HPO, owner=OWNER)
+    running = [t for t in exp.trials if t.state == "running"]
+    for i, t in enumerate(running):
+        rig.platform.jobs[t.job_id]["device_seconds"] = 10.0 * (i + 1)
+    done = experimenter.cancel("churn-hpo", "enough")
+    assert done.state == "cancelled"
+    assert {t.job_id for t in running} <= set(rig.platform.cancelled)
+    assert [t.device_s for t in done.trials if t.state == "cancelled"] == [10.0, 20.0, 30.0]
+    assert done.device_s == 60.0

@@ -204,6 +204,9 @@ class Experimenter:
                             self.platform.cancel_job(
                                 t.job_id, f"experiment cancelled: {reason}", owner=owner
                             )
+                            # what it has cost until now: the experiment ends here and is
+                            # never looked at again
+                            t.device_s = self.platform.job(t.job_id, owner=owner).device_seconds
                         except GantryError as exc:
                             _log.warning("trial job not cancelled", job=t.job_id, error=str(exc))
                     search.failed(t.number)

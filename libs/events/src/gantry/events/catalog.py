@@ -40,6 +40,12 @@ class AuthzDecision(EventData):
         default="",
         description="the service that made the call on the principal's behalf ('' if none)",
     )
+    address: str = Field(
+        default="",
+        max_length=256,
+        description="where the call came from: the caller's network address as the service "
+        "saw it ('' if unknown)",
+    )
 
 
 class AuditCheckpoint(EventData):
@@ -76,6 +82,28 @@ class DataAccessed(EventData):
         default=0, ge=0, description="view policy version applied (0: raw, or the default)"
     )
     reason: str = Field(default="", description="why a read was denied")
+    address: str = Field(
+        default="",
+        max_length=256,
+        description="where the read came from: the reader's network address or node "
+        "('' if unknown)",
+    )
+
+
+class AuditAnomaly(EventData):
+    """Access behaviour that departs from a principal's normal behaviour, with the evidence;
+    or a change of an earlier one's state (acknowledged or dismissed, by whom and why)."""
+
+    anomaly_id: str
+    kind: str = Field(description="bulk_read, first_sensitive_access, denial_storm, ...")
+    principal: str
+    state: Literal["raised", "acknowledged", "dismissed"] = "raised"
+    severity: float = Field(ge=0, description="how far past the threshold (1 = at it)")
+    reason: str = Field(description="why, in words and numbers")
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    event_ids: list[str] = Field(default_factory=list, description="the audited events")
+    by: str = Field(default="", description="who acknowledged or dismissed it")
+    note: str = ""
 
 
 class DatasetCreated(EventData):
@@ -704,6 +732,13 @@ AUDIT_CHECKPOINT = register(
 AUDIT_QUERIED = register(
     "gantry.audit.queried", 1, AuditQueried, "A compliance query against the audit log."
 )
+AUDIT_ANOMALY = register(
+    "gantry.audit.anomaly",
+    1,
+    AuditAnomaly,
+    "Access behaviour departing from a principal's normal behaviour (raised, acknowledged, "
+    "dismissed).",
+)
 DATA_ACCESSED = register("gantry.data.accessed", 1, DataAccessed, "A dataset was read.")
 DATASET_CREATED = register(
     "gantry.data.dataset.created", 1, DatasetCreated, "A dataset was registered."
@@ -807,6 +842,7 @@ WORKFLOW_STEP_CHANGED = register(
 )
 
 __all__ = [
+    "AUDIT_ANOMALY",
     "AUDIT_CHECKPOINT",
     "AUDIT_QUERIED",
     "AUTHZ_DECISION",
@@ -846,6 +882,7 @@ __all__ = [
     "VIEW_POLICY_CHANGED",
     "WORKFLOW_RUN_CHANGED",
     "WORKFLOW_STEP_CHANGED",
+    "AuditAnomaly",
     "AuditCheckpoint",
     "AuditQueried",
     "AuthzDecision",

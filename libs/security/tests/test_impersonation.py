@@ -139,6 +139,9 @@ async def _refused(
     return info.value
 
 
+PEER = "127.0.0.1"
+
+
 def _impersonation(
     decision: Literal["allow", "deny"],
     reason: str,
@@ -157,6 +160,7 @@ def _impersonation(
         reason=reason,
         service="test-svc",
         method=SUBMIT,
+        address=PEER,  # the caller's address, as the server saw it
     )
 
 
@@ -183,6 +187,7 @@ async def test_the_workflows_service_acts_as_the_pipeline_owner(env: Env) -> Non
             service="test-svc",
             method=SUBMIT,
             via="workflows",
+            address=PEER,
         ),
     ]
     assert env.sink.actors == ["workflows", "alice"]
@@ -316,6 +321,7 @@ async def test_without_the_metadata_nothing_changes(env: Env) -> None:
             reason="allowed by role ml-developer",
             service="test-svc",
             method=SUBMIT,
+            address=PEER,
         )
     ]
     # a service calling as itself keeps its own rights (the binding adds only impersonate)

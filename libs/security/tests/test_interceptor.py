@@ -23,6 +23,7 @@ from gantry.security import (
     TrustStore,
     current_principal,
 )
+from gantry.security.interceptor import peer_address
 
 NOW = dt.datetime(2026, 6, 1, 9, 0, tzinfo=dt.UTC)
 POLICY = """
@@ -48,6 +49,7 @@ RULES = {
     "/test.Echo/Stream": MethodRule("list", "job"),
     "/test.Echo/Collect": MethodRule("create", "job"),
     "/test.Echo/Chat": MethodRule("watch", "job"),
+    "/test.Echo/Strict": MethodRule("read", "job"),
 }
 
 
@@ -61,6 +63,13 @@ class Env:
 
     def token(self, subject: str, *roles: str, ttl: dt.timedelta | None = None) -> str:
         return self.issuer.issue(subject, list(roles), ttl or dt.timedelta(hours=1))
+
+
+def _strict(raw: bytes) -> bytes:
+    """A request reader that refuses what it cannot parse."""
+    if raw.startswith(b"bad"):
+        raise ValueError("not a request")
+    return raw
 
 
 def _handlers(env_calls: list[str]) -> tuple[Any, Any]:
@@ -94,6 +103,7 @@ def _handlers(env_calls: list[str]) -> tuple[Any, Any]:
             "Stream": grpc.unary_stream_rpc_method_handler(stream),
             "Collect": grpc.stream_unary_rpc_method_handler(collect),
             "Chat": grpc.stream_stream_rpc_method_handler(chat),
+            "Strict": grpc.unary_unary_rpc_method_handler(echo, request_deserializer=_strict),
         },
     ), grpc.method_handlers_generic_handler(
         "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(health)}
@@ -149,9 +159,38 @@ async def test_allowed_call_runs_with_the_principal(env: Env) -> None:
     assert (decision.action, decision.resource_kind) == ("read", "job")
     assert decision.reason == "allowed by role ml-developer"
     assert (decision.service, decision.method) == ("test-svc", "/test.Echo/Echo")
+    assert decision.address == "127.0.0.1"  # where the call came from
     assert env.sink.actors == ["alice"]
     with pytest.raises(Unauthenticated):
         current_principal()  # nothing leaks out of the call
+
+
+async def test_a_request_that_cannot_be_read_is_still_recorded_once(env: Env) -> None:
+    token = env.token("alice", "ml-developer")
+    assert await _call(env, "/test.Echo/Strict", b"fine", token) == b"fine from alice"
+    with pytest.raises(grpc.aio.AioRpcError):
+        await _call(env, "/test.Echo/Strict", b"bad bytes", token)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await _call(env, "/test.Echo/Strict", b"bad bytes", None)
+    decisions = [(d.principal, d.decision, d.address) for d in env.sink.decisions]
+    assert decisions == [
+        ("alice", "allow", "127.0.0.1"),
+        ("alice", "allow", ""),  # the handler never ran: recorded without the peer
+        ("anonymous", "deny", ""),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("ipv4:10.0.1.7:51234", "10.0.1.7"),
+        ("ipv6:[::1]:443", "::1"),
+        ("unix:/run/gantry.sock", "unix:/run/gantry.sock"),
+        ("", ""),
+    ],
+)
+def test_peer_addresses(peer: str, address: str) -> None:
+    assert peer_address(peer) == address
 
 
 async def test_missing_token_is_unauthenticated(env: Env) -> None:

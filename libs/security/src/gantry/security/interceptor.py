@@ -19,6 +19,7 @@ service; the method's own decision is then taken and recorded for the acted-as p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
@@ -142,10 +143,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None or method.startswith(self._public):
             return handler
-        outcome = self._authorize(method, handler_call_details.invocation_metadata)
+        decisions: list[AuthzDecision] = []
+        collecting = _collecting.set(decisions)
+        try:
+            outcome = self._authorize(method, handler_call_details.invocation_metadata)
+        finally:
+            _collecting.reset(collecting)
+        flush = _Flush(self._sink, decisions)
         if isinstance(outcome, _Refusal):
-            return _refusing_handler(handler, outcome)
-        return _bound_handler(handler, outcome)
+            return _refusing_handler(handler, outcome, flush)
+        return _bound_handler(handler, outcome, flush)
 
     def _authorize(self, method: str, metadata: Iterable[Any] | None) -> Principal | _Refusal:
         rule = self._rules.get(method)
@@ -330,6 +337,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             method=method,
             via=via,
         )
+        pending = _collecting.get()
+        if pending is not None:  # recorded once the call's peer is known (see _Flush)
+            pending.append(decision)
+            return
         self._sink.record(decision, actor=actor)
 
 
@@ -376,24 +387,77 @@ _FACTORIES: dict[str, Callable[..., Any]] = {
 }
 
 
-def _rebuild(handler: Any, kind: str, behavior: Callable[..., Any]) -> Any:
+def _rebuild(handler: Any, kind: str, behavior: Callable[..., Any], flush: _Flush) -> Any:
+    read = handler.request_deserializer
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return read(raw)
+        except Exception:  # the behaviour never runs: record the decisions now
+            flush(None)
+            raise
+
     return _FACTORIES[kind](
         behavior,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=deserialize if read is not None else None,
         response_serializer=handler.response_serializer,
     )
 
 
-def _refusing_handler(handler: Any, refusal: _Refusal) -> Any:
+_collecting: ContextVar[list[AuthzDecision] | None] = ContextVar(
+    "gantry_authz_collecting", default=None
+)
+
+
+class _Flush:
+    """Records a call's decisions exactly once, with the caller's address: when its handler
+    starts (the context tells the peer), or — if the request cannot even be read — without."""
+
+    def __init__(self, sink: DecisionSink, decisions: list[AuthzDecision]) -> None:
+        self._sink = sink
+        self._decisions = decisions
+        self._done = False
+
+    def __call__(self, context: Any | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        address = peer_address(context.peer()) if context is not None else ""
+        for d in self._decisions:
+            record = d.model_copy(update={"address": address}) if address else d
+            self._sink.record(record, actor=d.principal)
+
+
+def peer_address(peer: str | None) -> str:
+    """The host of a gRPC peer string (``ipv4:10.0.1.7:5123`` → ``10.0.1.7``, ``ipv6:[::1]:80``
+    → ``::1``); other forms (``unix:...``) as they are."""
+    if not peer:
+        return ""
+    scheme, _, rest = peer.partition(":")
+    if scheme == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if scheme == "ipv6":
+        host = rest.rsplit(":", 1)[0] if rest.startswith("[") else rest
+        return host.strip("[]")
+    return peer[:256]
+
+
+def _at(principal: Principal, context: Any) -> Principal:
+    """``principal`` with the address the call came from."""
+    return dataclasses.replace(principal, address=peer_address(context.peer()))
+
+
+def _refusing_handler(handler: Any, refusal: _Refusal, flush: _Flush) -> Any:
     """A handler of the same kind as ``handler`` that aborts with ``refusal``."""
 
     async def refuse(request: Any, context: Any) -> None:
+        flush(context)
         await context.abort(refusal.code, refusal.message)
 
-    return _rebuild(handler, _handler_kind(handler), refuse)
+    return _rebuild(handler, _handler_kind(handler), refuse, flush)
 
 
-def _bound_handler(handler: Any, principal: Principal) -> Any:
+def _bound_handler(handler: Any, principal: Principal, flush: _Flush) -> Any:
     """``handler`` with :func:`current_principal` returning ``principal`` while it runs.
 
     The wrapper keeps the behaviour's flavour (coroutine, async generator, generator or plain
@@ -406,7 +470,8 @@ def _bound_handler(handler: Any, principal: Principal) -> Any:
     if inspect.isasyncgenfunction(behavior):
 
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            token = _principal.set(principal)
+            flush(context)
+            token = _principal.set(_at(principal, context))
             try:
                 async for item in behavior(request, context):
                     yield item
@@ -414,39 +479,42 @@ def _bound_handler(handler: Any, principal: Principal) -> Any:
                 with contextlib.suppress(ValueError):  # closed from another context
                     _principal.reset(token)
 
-        return _rebuild(handler, kind, stream)
+        return _rebuild(handler, kind, stream, flush)
 
     if inspect.iscoroutinefunction(behavior):
 
         async def call(request: Any, context: Any) -> Any:
-            token = _principal.set(principal)
+            flush(context)
+            token = _principal.set(_at(principal, context))
             try:
                 return await behavior(request, context)
             finally:
                 _principal.reset(token)
 
-        return _rebuild(handler, kind, call)
+        return _rebuild(handler, kind, call, flush)
 
     if inspect.isgeneratorfunction(behavior):
 
         def iterate(request: Any, context: Any) -> Iterator[Any]:
-            token = _principal.set(principal)
+            flush(context)
+            token = _principal.set(_at(principal, context))
             try:
                 yield from behavior(request, context)
             finally:
                 with contextlib.suppress(ValueError):
                     _principal.reset(token)
 
-        return _rebuild(handler, kind, iterate)
+        return _rebuild(handler, kind, iterate, flush)
 
     def run(request: Any, context: Any) -> Any:
-        token = _principal.set(principal)
+        flush(context)
+        token = _principal.set(_at(principal, context))
         try:
             return behavior(request, context)
         finally:
             _principal.reset(token)
 
-    return _rebuild(handler, kind, run)
+    return _rebuild(handler, kind, run, flush)
 
 
 __all__ = [

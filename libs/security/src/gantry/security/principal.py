@@ -34,6 +34,7 @@ class Principal:
     ``via`` is empty for a caller that presented its own token. For a principal a service acts
     as (``x-gantry-act-as`` metadata) it names that service; ``roles`` are then the ones the
     service asserted, ``token_id`` and ``expires_at`` those of the service's own token.
+    ``address`` is where the call came from (the gRPC peer's host) while a call is served.
     """
 
     subject: str
@@ -42,6 +43,7 @@ class Principal:
     expires_at: dt.datetime
     kind: PrincipalKind = "user"
     via: str = ""
+    address: str = ""
 
     def has_role(self, role: str) -> bool:
         """True when the token names ``role``."""

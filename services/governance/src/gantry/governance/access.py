@@ -244,6 +244,8 @@ class Access:
                 reason=reason,
                 service=SERVICE_NAME,
                 method=method,
+                via=principal.via,
+                address=principal.address,
             ),
             actor=actor,
         )
@@ -300,6 +302,7 @@ class Access:
                     job_id=grant.job_id if grant else "",
                     policy_version=policy_version,
                     reason=reason,
+                    address=principal.address,
                 ),
                 actor=principal.subject,
                 subject=f"dataset/{dataset}",

@@ -227,6 +227,8 @@ class ProfilerApi(profiler_pb2_grpc.ProfilerServiceServicer):
                 reason=decision.reason,
                 service=SERVICE_NAME,
                 method=f"/{SERVICE}/{method}",
+                via=principal.via,
+                address=principal.address,
             ),
             actor=principal.subject,
         )

@@ -61,6 +61,8 @@ class ServingApi(serving_pb2_grpc.ServingServiceServicer):
                 reason=decision.reason,
                 service=SERVICE_NAME,
                 method=f"/{SERVICE}/{method}",
+                via=principal.via,
+                address=principal.address,
             ),
             actor=principal.subject,
         )

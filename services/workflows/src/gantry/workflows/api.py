@@ -261,6 +261,7 @@ class WorkflowApi(workflows_pb2_grpc.WorkflowServiceServicer):
                 service=SERVICE_NAME,
                 method=f"/{SERVICE}/{method}",
                 via=principal.via,
+                address=principal.address,
             ),
             actor=principal.subject,
         )

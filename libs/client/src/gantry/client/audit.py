@@ -175,6 +175,33 @@ class AuditClient:
         result: pb.VerifyResponse = self._call("Verify", pb.VerifyRequest())
         return result
 
+    def anomalies(
+        self,
+        *,
+        state: str = "",
+        principal: str = "",
+        kind: str = "",
+        since_ms: int = 0,
+        until_ms: int = 0,
+        limit: int = 100,
+    ) -> list[pb.Anomaly]:
+        """Access-behaviour anomalies, newest first (auditors; the query is audited)."""
+        request = pb.ListAnomaliesRequest(
+            state=state,
+            principal=principal,
+            kind=kind,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            limit=limit,
+        )
+        return list(self._call("ListAnomalies", request).anomalies)
+
+    def resolve_anomaly(self, anomaly_id: str, state: str, note: str = "") -> pb.Anomaly:
+        """Acknowledge or dismiss (with a note saying why) an anomaly; audited."""
+        request = pb.ResolveAnomalyRequest(anomaly_id=anomaly_id, state=state, note=note)
+        result: pb.Anomaly = self._call("ResolveAnomaly", request)
+        return result
+
     def close(self) -> None:
         """Close the channel."""
         self._channel.close()

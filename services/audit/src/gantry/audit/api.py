@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
+from gantry.audit.anomalies import AnomalyRecord, AnomalyWatch
 from gantry.audit.ledger import Ledger
 from gantry.audit.store import RecordFilter
-from gantry.core import GantryError, InvalidInput
+from gantry.core import GantryError, InvalidInput, Unavailable
 from gantry.protos.v1 import audit_pb2 as pb
 from gantry.protos.v1 import audit_pb2_grpc as pb_grpc
 from gantry.security import MethodRule, TrustStore, current_principal
@@ -30,6 +32,8 @@ METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/GetConsistencyProof": MethodRule("prove", "audit_log"),
     f"/{SERVICE}/GetCheckpoint": MethodRule("checkpoint", "audit_log"),
     f"/{SERVICE}/Verify": MethodRule("verify", "audit_log"),
+    f"/{SERVICE}/ListAnomalies": MethodRule("list", "anomaly"),
+    f"/{SERVICE}/ResolveAnomaly": MethodRule("resolve", "anomaly"),
 }
 
 MAX_PAGE = 1000
@@ -101,10 +105,18 @@ def _page_after(token: str) -> int:
 class AuditApi(pb_grpc.AuditServiceServicer):
     """Serves the audit log; every call is authorised by the interceptor, queries are audited."""
 
-    def __init__(self, ledger: Ledger, trust: TrustStore, *, on_query: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        trust: TrustStore,
+        *,
+        on_query: Callable[[], None],
+        anomalies: AnomalyWatch | None = None,
+    ) -> None:
         self._ledger = ledger
         self._trust = trust
         self._on_query = on_query
+        self._anomalies = anomalies
 
     async def _audited(self, query: str, filters: dict[str, Any], results: int) -> None:
         actor = current_principal().subject
@@ -234,6 +246,65 @@ class AuditApi(pb_grpc.AuditServiceServicer):
             latest=head_pb(report.latest) if report.latest else None,
         )
 
+    def _watch(self) -> AnomalyWatch:
+        if self._anomalies is None:
+            raise Unavailable("anomaly detection is not running in this audit service")
+        return self._anomalies
+
+    @rpc_errors
+    async def ListAnomalies(
+        self, request: pb.ListAnomaliesRequest, context: Any
+    ) -> pb.ListAnomaliesResponse:
+        limit = request.limit or 100
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}, not {limit}")
+        found = await asyncio.to_thread(
+            self._watch().list,
+            state=request.state,
+            principal=request.principal,
+            kind=request.kind,
+            since_ms=request.since_ms,
+            until_ms=request.until_ms,
+            limit=limit,
+        )
+        filters = {
+            k: v
+            for k, v in (
+                ("state", request.state),
+                ("principal", request.principal),
+                ("kind", request.kind),
+            )
+            if v
+        }
+        await self._audited("anomalies", filters, len(found))
+        return pb.ListAnomaliesResponse(anomalies=[anomaly_pb(a) for a in found])
+
+    @rpc_errors
+    async def ResolveAnomaly(self, request: pb.ResolveAnomalyRequest, context: Any) -> pb.Anomaly:
+        by = current_principal().subject
+        record = await asyncio.to_thread(
+            self._watch().resolve, request.anomaly_id, request.state, by=by, note=request.note
+        )
+        return anomaly_pb(record)
+
+
+def anomaly_pb(a: AnomalyRecord) -> pb.Anomaly:
+    """A stored anomaly as a message."""
+    return pb.Anomaly(
+        anomaly_id=a.anomaly_id,
+        kind=a.kind,
+        principal=a.principal,
+        state=a.state,
+        severity=a.severity,
+        reason=a.reason,
+        evidence_json=json.dumps(a.evidence, sort_keys=True),
+        event_ids=list(a.event_ids),
+        time_ms=a.time_ms,
+        updated_ms=a.updated_ms,
+        by=a.by,
+        note=a.note,
+    )
+
 
 def _jsonl(rows: list[Any]) -> bytes:
     return b"".join(b'{"index":%d,"event":%s}\n' % (r.seq, bytes(r.canonical)) for r in rows)
@@ -261,4 +332,12 @@ def _csv(rows: list[Any]) -> bytes:
     return buf.getvalue().encode()
 
 
-__all__ = ["METHOD_RULES", "SERVICE", "AuditApi", "filter_from_pb", "head_pb", "record_pb"]
+__all__ = [
+    "METHOD_RULES",
+    "SERVICE",
+    "AuditApi",
+    "anomaly_pb",
+    "filter_from_pb",
+    "head_pb",
+    "record_pb",
+]

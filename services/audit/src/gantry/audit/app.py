@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge, start_http_server
 
+from gantry.audit.anomalies import AnomalyWatch
 from gantry.audit.api import METHOD_RULES, SERVICE, AuditApi
 from gantry.audit.ingest import Ingestor
 from gantry.audit.ledger import SOURCE, Ledger
@@ -27,7 +28,14 @@ from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.core import get_logger
 from gantry.core.entrypoint import run_until_signalled
 from gantry.core.runfile import run_file, write_run_file
-from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher, SignaturePool
+from gantry.events import (
+    BackgroundPublisher,
+    Bus,
+    Outbox,
+    OutboxRelay,
+    Publisher,
+    SignaturePool,
+)
 from gantry.protos.v1 import audit_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
@@ -54,6 +62,7 @@ class AuditService:
             signer=self.key,
             checkpoint_every_events=settings.audit.checkpoint_every_events,
         )
+        self.anomalies = AnomalyWatch(self.engine, Outbox(outbox), settings.audit.anomaly)
         self.grpc_port = 0
         self.metrics_port = 0
         self._stopping = asyncio.Event()
@@ -70,12 +79,15 @@ class AuditService:
         await asyncio.to_thread(self.ledger.open)
         LOG_SIZE.set(self.ledger.size)
         CHECKPOINT_SIZE.set(self.ledger.last_checkpoint_size)
+        if s.audit.anomaly.enabled:
+            await asyncio.to_thread(self.anomalies.prime)
         bus = await Bus.connect(s.nats, name="gantry-audit")
         await bus.ensure_streams()
         publisher = Publisher(bus, signer=self.key, max_event_bytes=s.audit.max_event_bytes)
         background = BackgroundPublisher(publisher)
         background.start()
         relay = OutboxRelay(self.engine, outbox, publisher)
+        self.anomalies.on_change = relay.notify
         pool = (
             SignaturePool(
                 functools.partial(DirectoryTrustStore, self.keyring.trusted_dir),
@@ -94,6 +106,7 @@ class AuditService:
             ack_wait_s=s.audit.ack_wait_s,
             max_event_bytes=s.audit.max_event_bytes,
             own_kid=self.key.kid,
+            watch=self.anomalies,
         )
         policy = Policy.from_file(s.audit.policy_file) if s.audit.policy_file else default_policy()
         interceptor = AuthInterceptor(
@@ -105,7 +118,13 @@ class AuditService:
         )
         server = grpc.aio.server(interceptors=[interceptor])
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
-            AuditApi(self.ledger, self.keyring.tree_head_trust(), on_query=relay.notify), server
+            AuditApi(
+                self.ledger,
+                self.keyring.tree_head_trust(),
+                on_query=relay.notify,
+                anomalies=self.anomalies,
+            ),
+            server,
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

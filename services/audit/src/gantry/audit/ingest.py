@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter
 
+from gantry.audit.anomalies import AnomalyWatch
 from gantry.audit.ledger import SOURCE, Ledger
 from gantry.core import get_logger
 from gantry.events import (
@@ -44,8 +45,10 @@ class Ingestor:
         max_event_bytes: int,
         streams: Sequence[str] = AUDITED_STREAMS,
         own_kid: str = "svc-audit",
+        watch: AnomalyWatch | None = None,
     ) -> None:
         self._ledger = ledger
+        self._watch = watch
         self._own_kid = own_kid
         self.runners = [
             ConsumerRunner(
@@ -77,11 +80,17 @@ class Ingestor:
         ]
         if not items:
             return
-        added = await asyncio.to_thread(self._ledger.append, items)
+        new = await asyncio.to_thread(self._ledger.append_new, items)
+        added = len(new)
         APPENDED.inc(added)
         DUPLICATES.inc(len(items) - added)
         if added:
             self.new_events.set()
+        if new and self._watch is not None:
+            try:
+                await asyncio.to_thread(self._watch.observe, new)
+            except Exception:  # judging must never stop the log from taking events
+                _log.exception("anomaly detection failed on a batch")
 
     async def run(self) -> None:
         """Run every consumer until :meth:`stop`."""

@@ -111,10 +111,15 @@ class Ledger:
 
     def append(self, batch: Sequence[tuple[EventEnvelope, bytes]]) -> int:
         """Append events not yet in the log, durably; return how many were new."""
+        return len(self.append_new(batch))
+
+    def append_new(self, batch: Sequence[tuple[EventEnvelope, bytes]]) -> list[EventEnvelope]:
+        """Append events not yet in the log, durably; the ones that were new, in order."""
         with self._lock:
             return self._append_locked(batch)
 
-    def _append_locked(self, batch: Sequence[tuple[EventEnvelope, bytes]]) -> int:
+    def _append_locked(self, batch: Sequence[tuple[EventEnvelope, bytes]]) -> list[EventEnvelope]:
+        new: list[EventEnvelope] = []
         rows = []
         leaves = []
         seen: set[str] = set()
@@ -153,10 +158,11 @@ class Ledger:
                     sealed_columns([row[c] for c in SEALED_COLUMNS]),
                 )
                 leaves.append(leaf)
+                new.append(event)
                 seq += 1
             self.store.insert(conn, rows)
         self.tree.extend(leaves)
-        return len(rows)
+        return new
 
     def checkpoint_due(self, *, elapsed_s: float, every_s: float) -> bool:
         """Whether enough events or time have passed since the last signed tree head."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from gantry.audit.behaviour import AnomalySettings
 from gantry.core import CommonSettings
 
 
@@ -54,6 +55,10 @@ class AuditOptions(BaseModel):
     )
     policy_file: Path | None = Field(
         default=None, description="RBAC policy YAML; default: the shipped policy."
+    )
+    anomaly: AnomalySettings = Field(
+        default_factory=AnomalySettings,
+        description="Access-behaviour anomaly detection (GANTRY_AUDIT__ANOMALY__*).",
     )
 
 

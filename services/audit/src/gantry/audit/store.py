@@ -65,14 +65,37 @@ schema_version = sa.Table(
 
 outbox = outbox_table(metadata)
 
-SCHEMA_VERSION = 1
+anomalies = sa.Table(
+    "audit_anomalies",
+    metadata,
+    sa.Column("anomaly_id", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("principal", sa.String(256), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("severity", sa.Float, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("evidence_json", sa.Text, nullable=False),
+    sa.Column("event_ids_json", sa.Text, nullable=False),
+    sa.Column("time_ms", sa.BigInteger, nullable=False),
+    sa.Column("updated_ms", sa.BigInteger, nullable=False),
+    sa.Column("by", sa.String(256), nullable=False, default=""),
+    sa.Column("note", sa.Text, nullable=False, default=""),
+    sa.Index("ix_audit_anomalies_time", "time_ms"),
+    sa.Index("ix_audit_anomalies_state", "state", "time_ms"),
+)
+
+SCHEMA_VERSION = 2
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
     metadata.create_all(conn, tables=[events, checkpoints, outbox, schema_version])
 
 
-MIGRATIONS = {1: _migrate_v1}
+def _migrate_v2(conn: sa.Connection) -> None:
+    metadata.create_all(conn, tables=[anomalies])
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
 
 
 def connect(url: str) -> sa.Engine:
@@ -249,6 +272,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RecordFilter",
     "Store",
+    "anomalies",
     "checkpoints",
     "connect",
     "events",

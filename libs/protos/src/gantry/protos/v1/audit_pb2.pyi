@@ -567,3 +567,150 @@ class VerifyResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___VerifyResponse: _TypeAlias = VerifyResponse  # noqa: Y015
+
+@_typing.final
+class Anomaly(_message.Message):
+    """Access behaviour departing from a principal's normal behaviour (see docs/compliance.md)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANOMALY_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SEVERITY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    EVIDENCE_JSON_FIELD_NUMBER: _builtins.int
+    EVENT_IDS_FIELD_NUMBER: _builtins.int
+    TIME_MS_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    anomaly_id: _builtins.str
+    kind: _builtins.str
+    """bulk_read | first_sensitive_access | denial_storm | unusual_hour | unusual_place | raw_view_read"""
+    principal: _builtins.str
+    state: _builtins.str
+    """raised | acknowledged | dismissed"""
+    severity: _builtins.float
+    """how far past its threshold (1 = at it)"""
+    reason: _builtins.str
+    """why, in words and numbers"""
+    evidence_json: _builtins.str
+    """the figures behind it, as a JSON object"""
+    time_ms: _builtins.int
+    """when the behaviour happened"""
+    updated_ms: _builtins.int
+    by: _builtins.str
+    """who acknowledged or dismissed it"""
+    note: _builtins.str
+    @_builtins.property
+    def event_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the audited events it rests on"""
+
+    def __init__(
+        self,
+        *,
+        anomaly_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        state: _builtins.str = ...,
+        severity: _builtins.float = ...,
+        reason: _builtins.str = ...,
+        evidence_json: _builtins.str = ...,
+        event_ids: _abc.Iterable[_builtins.str] | None = ...,
+        time_ms: _builtins.int = ...,
+        updated_ms: _builtins.int = ...,
+        by: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anomaly_id", b"anomaly_id", "by", b"by", "event_ids", b"event_ids", "evidence_json", b"evidence_json", "kind", b"kind", "note", b"note", "principal", b"principal", "reason", b"reason", "severity", b"severity", "state", b"state", "time_ms", b"time_ms", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Anomaly: _TypeAlias = Anomaly  # noqa: Y015
+
+@_typing.final
+class ListAnomaliesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    UNTIL_MS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """"" = any"""
+    principal: _builtins.str
+    kind: _builtins.str
+    since_ms: _builtins.int
+    until_ms: _builtins.int
+    limit: _builtins.int
+    """default 100, at most 1000"""
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        since_ms: _builtins.int = ...,
+        until_ms: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "limit", b"limit", "principal", b"principal", "since_ms", b"since_ms", "state", b"state", "until_ms", b"until_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAnomaliesRequest: _TypeAlias = ListAnomaliesRequest  # noqa: Y015
+
+@_typing.final
+class ListAnomaliesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANOMALIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def anomalies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Anomaly]: ...
+    def __init__(
+        self,
+        *,
+        anomalies: _abc.Iterable[Global___Anomaly] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anomalies", b"anomalies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAnomaliesResponse: _TypeAlias = ListAnomaliesResponse  # noqa: Y015
+
+@_typing.final
+class ResolveAnomalyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANOMALY_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    anomaly_id: _builtins.str
+    state: _builtins.str
+    """acknowledged | dismissed"""
+    note: _builtins.str
+    """why (required to dismiss)"""
+    def __init__(
+        self,
+        *,
+        anomaly_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anomaly_id", b"anomaly_id", "note", b"note", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveAnomalyRequest: _TypeAlias = ResolveAnomalyRequest  # noqa: Y015

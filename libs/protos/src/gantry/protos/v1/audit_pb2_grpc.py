@@ -69,6 +69,16 @@ class AuditServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.ListAnomalies = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ListAnomalies',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListAnomaliesRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListAnomaliesResponse.FromString,
+                _registered_method=True)
+        self.ResolveAnomaly = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ResolveAnomaly',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ResolveAnomalyRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.Anomaly.FromString,
+                _registered_method=True)
 
 
 class AuditServiceServicer:
@@ -116,6 +126,18 @@ class AuditServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAnomalies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveAnomaly(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +175,16 @@ def add_AuditServiceServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyResponse.SerializeToString,
+            ),
+            'ListAnomalies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAnomalies,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListAnomaliesRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListAnomaliesResponse.SerializeToString,
+            ),
+            'ResolveAnomaly': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveAnomaly,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ResolveAnomalyRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.Anomaly.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +376,60 @@ class AuditService:
             '/gantry.audit.v1.AuditService/Verify',
             gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAnomalies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ListAnomalies',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListAnomaliesRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListAnomaliesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveAnomaly(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ResolveAnomaly',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ResolveAnomalyRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.Anomaly.FromString,
             options,
             channel_credentials,
             insecure,

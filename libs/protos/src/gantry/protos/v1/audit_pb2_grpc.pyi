@@ -38,6 +38,8 @@ class AuditServiceStub:
     GetConsistencyProof: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ConsistencyProofRequest, _audit_pb2.ConsistencyProofResponse]
     GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_audit_pb2.GetCheckpointRequest, _audit_pb2.SignedTreeHead]
     Verify: _grpc.UnaryUnaryMultiCallable[_audit_pb2.VerifyRequest, _audit_pb2.VerifyResponse]
+    ListAnomalies: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListAnomaliesRequest, _audit_pb2.ListAnomaliesResponse]
+    ResolveAnomaly: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ResolveAnomalyRequest, _audit_pb2.Anomaly]
 
 @_typing.type_check_only
 class AuditServiceAsyncStub(AuditServiceStub):
@@ -49,6 +51,8 @@ class AuditServiceAsyncStub(AuditServiceStub):
     GetConsistencyProof: _aio.UnaryUnaryMultiCallable[_audit_pb2.ConsistencyProofRequest, _audit_pb2.ConsistencyProofResponse]  # type: ignore[assignment]
     GetCheckpoint: _aio.UnaryUnaryMultiCallable[_audit_pb2.GetCheckpointRequest, _audit_pb2.SignedTreeHead]  # type: ignore[assignment]
     Verify: _aio.UnaryUnaryMultiCallable[_audit_pb2.VerifyRequest, _audit_pb2.VerifyResponse]  # type: ignore[assignment]
+    ListAnomalies: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListAnomaliesRequest, _audit_pb2.ListAnomaliesResponse]  # type: ignore[assignment]
+    ResolveAnomaly: _aio.UnaryUnaryMultiCallable[_audit_pb2.ResolveAnomalyRequest, _audit_pb2.Anomaly]  # type: ignore[assignment]
 
 class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -99,5 +103,19 @@ class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _audit_pb2.VerifyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_audit_pb2.VerifyResponse, _abc.Awaitable[_audit_pb2.VerifyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListAnomalies(
+        self,
+        request: _audit_pb2.ListAnomaliesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ListAnomaliesResponse, _abc.Awaitable[_audit_pb2.ListAnomaliesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResolveAnomaly(
+        self,
+        request: _audit_pb2.ResolveAnomalyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.Anomaly, _abc.Awaitable[_audit_pb2.Anomaly]]: ...
 
 def add_AuditServiceServicer_to_server(servicer: AuditServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -45,6 +45,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/serving.py --quick
 	$(PY) bench/profiler.py --quick
 	$(PY) bench/workflows.py --quick
+	$(PY) bench/compliance.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -57,6 +58,7 @@ bench: $(STAMP)
 	$(PY) bench/serving.py
 	$(PY) bench/profiler.py
 	$(PY) bench/workflows.py
+	$(PY) bench/compliance.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

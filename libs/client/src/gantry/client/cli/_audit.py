@@ -1,8 +1,11 @@
-"""``gantry audit``: query, export and report on the audit log; verify and proof are wired here.
+"""``gantry audit``: query, export and report on the audit log; verify, proof and anomalies are
+wired here.
 
 The filter options shared by ``query`` and ``export`` are defined once below. ``verify`` and
 ``proof`` (the commands that check signatures and Merkle proofs locally) live in
-:mod:`gantry.client.cli._audit_verify` and are registered on :data:`audit_app` after ``report``.
+:mod:`gantry.client.cli._audit_verify` and are registered on :data:`audit_app` after ``report``;
+the ``anomalies`` group (list, show, ack, dismiss) lives in
+:mod:`gantry.client.cli._audit_anomalies` and is added after them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from gantry.client.cli._audit_anomalies import anomalies_app
 from gantry.client.cli._audit_verify import audit_proof, audit_verify
 from gantry.client.cli._common import (
     DataDirOpt,
@@ -303,6 +307,8 @@ def access_table(report: Any) -> Table:
     return table
 
 
-# Registered last so that ``gantry audit --help`` lists query, export, report, verify, proof.
+# Registered last so that ``gantry audit --help`` lists query, export, report, verify, proof,
+# anomalies.
 audit_app.command("verify")(audit_verify)
 audit_app.command("proof")(audit_proof)
+audit_app.add_typer(anomalies_app, name="anomalies")

@@ -19,7 +19,7 @@ def test_audit_service_has_every_method() -> None:
     assert service.full_name == "gantry.audit.v1.AuditService"
     assert {m.name for m in service.methods} == {
         "Query", "Export", "AccessReport", "GetInclusionProof", "GetConsistencyProof",
-        "GetCheckpoint", "Verify",
+        "GetCheckpoint", "Verify", "ListAnomalies", "ResolveAnomaly",
     }  # fmt: skip
     assert hasattr(audit_pb2_grpc, "AuditServiceStub")
 

@@ -34,8 +34,10 @@ from gantry.client.cli._audit_anomalies import anomalies_app
 from gantry.client.cli._audit_verify import audit_proof, audit_verify
 from gantry.client.cli._common import (
     DataDirOpt,
+    SinceOpt,
     State,
     TokenOpt,
+    UntilOpt,
     audit_client,
     command_settings,
     fmt_ms,
@@ -81,14 +83,6 @@ DecisionOpt = Annotated[
 ]
 CorrelationOpt = Annotated[
     str, typer.Option("--correlation-id", help="One request's events.", show_default=False)
-]
-SinceOpt = Annotated[
-    str | None,
-    typer.Option("--since", help="ISO time or span ago (1h, 30m).", show_default=False),
-]
-UntilOpt = Annotated[
-    str | None,
-    typer.Option("--until", help="ISO time or span ago (exclusive).", show_default=False),
 ]
 
 

@@ -20,8 +20,10 @@ from rich.table import Table
 
 from gantry.client.cli._common import (
     DataDirOpt,
+    SinceOpt,
     State,
     TokenOpt,
+    UntilOpt,
     audit_client,
     command_settings,
     fmt_ms,
@@ -60,14 +62,6 @@ class AnomalyState(enum.StrEnum):
 
 IdArg = Annotated[str, typer.Argument(help="The anomaly's id (as listed).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="As JSON.")]
-SinceOpt = Annotated[
-    str | None,
-    typer.Option("--since", help="ISO time or span ago (1h, 30m).", show_default=False),
-]
-UntilOpt = Annotated[
-    str | None,
-    typer.Option("--until", help="ISO time or span ago (exclusive).", show_default=False),
-]
 
 
 def _evidence(a: Any) -> Any:

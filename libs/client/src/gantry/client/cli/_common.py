@@ -219,6 +219,16 @@ def parse_time(text: str, *, now: dt.datetime | None = None) -> int:
     return int(value.timestamp() * 1000)
 
 
+SinceOpt = Annotated[
+    str | None,
+    typer.Option("--since", help="ISO time or span ago (1h, 30m).", show_default=False),
+]
+UntilOpt = Annotated[
+    str | None,
+    typer.Option("--until", help="ISO time or span ago (exclusive).", show_default=False),
+]
+
+
 def time_window(since: str | None, until: str | None) -> tuple[int, int]:
     """``--since`` / ``--until`` as Unix milliseconds (0 where not given)."""
     since_ms = parse_time(since) if since else 0

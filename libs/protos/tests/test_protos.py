@@ -19,7 +19,10 @@ def test_audit_service_has_every_method() -> None:
     assert service.full_name == "gantry.audit.v1.AuditService"
     assert {m.name for m in service.methods} == {
         "Query", "Export", "AccessReport", "GetInclusionProof", "GetConsistencyProof",
-        "GetCheckpoint", "Verify", "ListAnomalies", "ResolveAnomaly",
+        "GetCheckpoint", "Verify", "ListAnomalies", "ResolveAnomaly", "SubjectReport",
+        "GenerateReport", "ListReports", "DownloadReport", "VerifyReport", "SetRetention",
+        "ListRetention", "PlaceHold", "ReleaseHold", "ListHolds", "Archive", "ListSegments",
+        "VerifySegment", "Purge",
     }  # fmt: skip
     assert hasattr(audit_pb2_grpc, "AuditServiceStub")
 

@@ -131,10 +131,29 @@ def test_a_model_consumer_may_only_call_models() -> None:
     assert not authz.decide("eve", ["auditor"], "infer", "model").allowed
 
 
-def test_only_the_workflows_service_may_impersonate(authz: Authorizer) -> None:
-    assert default_policy().bindings == {"workflows": ("orchestrator",)}
-    allowed = authz.decide("workflows", ["service"], "impersonate", "principal")
-    assert (allowed.allowed, allowed.reason) == (True, "allowed by role orchestrator")
+def test_compliance_actions_belong_to_auditors_only(authz: Authorizer) -> None:
+    checks = [
+        ("query", "subject"), ("erase", "subject"), ("list", "subject"),
+        ("create", "report"), ("read", "report"), ("list", "report"), ("verify", "report"),
+        ("list", "retention"), ("update", "retention"),
+        ("create", "hold"), ("list", "hold"), ("delete", "hold"),
+        ("archive", "audit_log"), ("purge", "audit_log"),
+    ]  # fmt: skip
+    for action, kind in checks:
+        assert _allowed(authz, "auditor", action, kind), (action, kind)
+        for role in ("service", "ml-developer", "data-steward", "annotator", "model-consumer"):
+            assert not _allowed(authz, role, action, kind), (role, action, kind)
+
+
+def test_only_the_workflows_and_audit_services_may_impersonate(authz: Authorizer) -> None:
+    assert default_policy().bindings == {
+        "workflows": ("orchestrator",),
+        "audit": ("orchestrator",),
+    }
+    for service in ("workflows", "audit"):
+        allowed = authz.decide(service, ["service"], "impersonate", "principal")
+        assert (allowed.allowed, allowed.reason) == (True, "allowed by role orchestrator")
+    assert not authz.decide("governance", ["service"], "impersonate", "principal").allowed
     for role in ("service", "ml-developer", "data-steward", "auditor", "model-consumer"):
         assert not _allowed(authz, role, "impersonate", "principal")
 

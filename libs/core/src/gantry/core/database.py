@@ -65,4 +65,18 @@ def migrate_schema(
     return int(before)
 
 
-__all__ = ["Migration", "connect_database", "migrate_schema"]
+def add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
+    """``ALTER TABLE ... ADD COLUMN`` unless the column is there already.
+
+    A schema's first migration step creates today's tables, so on a new database a later step
+    finds its column made.
+    """
+    table = column.table
+    if column.name in {c["name"] for c in sa.inspect(conn).get_columns(table.name)}:
+        return
+    ddl = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+    name = conn.dialect.identifier_preparer.format_table(table)
+    conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN {ddl}"))
+
+
+__all__ = ["Migration", "add_column", "connect_database", "migrate_schema"]

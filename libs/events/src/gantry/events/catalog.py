@@ -106,6 +106,85 @@ class AuditAnomaly(EventData):
     note: str = ""
 
 
+class AuditReportReady(EventData):
+    """A compliance report was generated, signed and stored (encrypted) for auditors."""
+
+    report_id: str
+    period: Literal["daily", "weekly", "monthly", "custom"]
+    since_ms: int = Field(ge=0)
+    until_ms: int = Field(ge=0)
+    tree_size: int = Field(ge=0, description="the signed tree head the figures were read from")
+    root_hash: str
+    digest: str = Field(description="SHA-256 of the report's canonical JSON")
+    formats: list[str] = Field(default_factory=list, description="json, csv, pdf")
+    by: str = Field(default="", description="who asked for it ('' for a scheduled report)")
+
+
+class AuditArchived(EventData):
+    """A segment of old audit events moved to the object store with its proof."""
+
+    first_seq: int = Field(ge=0)
+    end_seq: int = Field(ge=0, description="one past the last event of the segment")
+    events: int = Field(ge=0)
+    object: str
+    segment_root: str = Field(description="Merkle root of the segment's leaves (hex)")
+    tree_size: int = Field(ge=0, description="the signed tree head the proof leads to")
+
+
+class AuditPurged(EventData):
+    """Audit events whose retention expired (and that no legal hold covers) were deleted;
+    their leaf hashes stay, so the log still verifies."""
+
+    purge_id: str
+    by: str
+    events: int = Field(ge=0)
+    ranges: list[list[int]] = Field(
+        default_factory=list, description="[first, end) ranges of the deleted leaf indexes"
+    )
+    by_type: dict[str, int] = Field(default_factory=dict)
+    held_back: int = Field(default=0, ge=0, description="expired events kept by a legal hold")
+
+
+class AuditHoldChanged(EventData):
+    """A legal hold was placed or released."""
+
+    hold_id: str
+    name: str
+    state: Literal["active", "released"]
+    by: str
+    reason: str = ""
+    principals: list[str] = Field(default_factory=list)
+    datasets: list[str] = Field(default_factory=list)
+    since_ms: int = Field(default=0, ge=0)
+    until_ms: int = Field(default=0, ge=0)
+
+
+class AuditRetentionChanged(EventData):
+    """A retention rule for an event type was set or removed."""
+
+    event_type: str = Field(description="a type, a prefix ending in '*', or '*'")
+    keep_days: int = Field(ge=0, description="0 = the rule was removed")
+    by: str
+
+
+class SubjectErased(EventData):
+    """A data subject was erased: new dataset versions without their rows were committed and
+    the models trained on data that held them are named for retraining. The identifier itself
+    is never in the event, only a keyed reference to it."""
+
+    erasure_id: str
+    subject_ref: str = Field(description="keyed hash of the identifier (not reversible)")
+    requested_by: str
+    reason: str = ""
+    datasets: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="per dataset: dataset, old_version, new_version, rows_removed",
+    )
+    models_to_retrain: list[str] = Field(
+        default_factory=list, description="'<model>:<version>' trained on data holding them"
+    )
+
+
 class DatasetCreated(EventData):
     """A dataset was registered with its schema and column classifications."""
 
@@ -739,6 +818,30 @@ AUDIT_ANOMALY = register(
     "Access behaviour departing from a principal's normal behaviour (raised, acknowledged, "
     "dismissed).",
 )
+AUDIT_REPORT_READY = register(
+    "gantry.audit.report.ready", 1, AuditReportReady, "A signed compliance report was stored."
+)
+AUDIT_ARCHIVED = register(
+    "gantry.audit.archived", 1, AuditArchived, "Old audit events were archived with proofs."
+)
+AUDIT_PURGED = register(
+    "gantry.audit.purged", 1, AuditPurged, "Audit events past their retention were deleted."
+)
+AUDIT_HOLD_CHANGED = register(
+    "gantry.audit.hold.changed", 1, AuditHoldChanged, "A legal hold was placed or released."
+)
+AUDIT_RETENTION_CHANGED = register(
+    "gantry.audit.retention.changed",
+    1,
+    AuditRetentionChanged,
+    "A retention rule for audit events was set or removed.",
+)
+SUBJECT_ERASED = register(
+    "gantry.data.subject.erased",
+    1,
+    SubjectErased,
+    "A data subject was erased from new dataset versions; models to retrain are named.",
+)
 DATA_ACCESSED = register("gantry.data.accessed", 1, DataAccessed, "A dataset was read.")
 DATASET_CREATED = register(
     "gantry.data.dataset.created", 1, DatasetCreated, "A dataset was registered."
@@ -843,8 +946,13 @@ WORKFLOW_STEP_CHANGED = register(
 
 __all__ = [
     "AUDIT_ANOMALY",
+    "AUDIT_ARCHIVED",
     "AUDIT_CHECKPOINT",
+    "AUDIT_HOLD_CHANGED",
+    "AUDIT_PURGED",
     "AUDIT_QUERIED",
+    "AUDIT_REPORT_READY",
+    "AUDIT_RETENTION_CHANGED",
     "AUTHZ_DECISION",
     "DATASET_CREATED",
     "DATA_ACCESSED",
@@ -875,6 +983,7 @@ __all__ = [
     "SERVING_CHANGED",
     "SERVING_SCALED",
     "SERVING_VERSION",
+    "SUBJECT_ERASED",
     "TRACE_READY",
     "TRACE_REQUESTED",
     "TRIAL_CHANGED",
@@ -883,6 +992,11 @@ __all__ = [
     "WORKFLOW_RUN_CHANGED",
     "WORKFLOW_STEP_CHANGED",
     "AuditAnomaly",
+    "AuditArchived",
+    "AuditHoldChanged",
+    "AuditPurged",
+    "AuditReportReady",
+    "AuditRetentionChanged",
     "AuditCheckpoint",
     "AuditQueried",
     "AuthzDecision",
@@ -920,6 +1034,7 @@ __all__ = [
     "ServingScaled",
     "ServingVersionState",
     "ServingVersionWeight",
+    "SubjectErased",
     "TraceReady",
     "TraceRequested",
     "TrialChanged",

@@ -148,6 +148,7 @@ class Ledger:
                         "canonical": canonical,
                         "leaf_hash": leaf,
                         "position": seq,
+                        "state": "live",
                     }
                 )
                 row = rows[-1]

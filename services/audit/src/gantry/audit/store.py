@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gantry.core import get_logger
-from gantry.core.database import connect_database, migrate_schema
+from gantry.core.database import add_column, connect_database, migrate_schema
 from gantry.events import outbox_table
 
 _log = get_logger("gantry.audit.store")
@@ -40,6 +40,7 @@ events = sa.Table(
     sa.Column("leaf_hash", sa.LargeBinary(32), nullable=False),
     sa.Column("position", sa.BigInteger, nullable=False),
     sa.Column("seal", sa.LargeBinary(32), nullable=False),
+    sa.Column("state", sa.String(8), nullable=False, default="live", server_default="live"),
     sa.Index("ix_audit_resource_time", "resource", "time_ms"),
     sa.Index("ix_audit_actor_time", "actor", "time_ms"),
     sa.Index("ix_audit_type_time", "type", "time_ms"),
@@ -84,7 +85,82 @@ anomalies = sa.Table(
     sa.Index("ix_audit_anomalies_state", "state", "time_ms"),
 )
 
-SCHEMA_VERSION = 2
+# Retention, archival and legal holds (schema v3). An event row's ``state`` is ``live`` (its
+# bytes are here), ``archived`` (its bytes are in an object-store segment; ``canonical`` is
+# empty) or ``purged`` (deleted after its retention, under no hold; only the leaf hash, the
+# position and a purge seal remain). Leaf hashes are never removed, so the tree verifies.
+segments = sa.Table(
+    "audit_segments",
+    metadata,
+    sa.Column("first_seq", _BigInt, primary_key=True, autoincrement=False),
+    sa.Column("end_seq", sa.BigInteger, nullable=False),
+    sa.Column("level", sa.Integer, nullable=False),
+    sa.Column("object_name", sa.String(512), nullable=False),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("segment_root", sa.LargeBinary(32), nullable=False),
+    sa.Column("tree_size", sa.BigInteger, nullable=False),
+    sa.Column("from_ms", sa.BigInteger, nullable=False),
+    sa.Column("to_ms", sa.BigInteger, nullable=False),
+    sa.Column("archived_ms", sa.BigInteger, nullable=False),
+    sa.Column("archived_by", sa.String(256), nullable=False),
+)
+
+retention_rules = sa.Table(
+    "audit_retention",
+    metadata,
+    sa.Column("event_type", sa.String(128), primary_key=True),
+    sa.Column("keep_days", sa.Integer, nullable=False),
+    sa.Column("updated_by", sa.String(256), nullable=False),
+    sa.Column("updated_ms", sa.BigInteger, nullable=False),
+)
+
+holds = sa.Table(
+    "audit_holds",
+    metadata,
+    sa.Column("hold_id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(128), nullable=False, unique=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("principals_json", sa.Text, nullable=False),
+    sa.Column("datasets_json", sa.Text, nullable=False),
+    sa.Column("since_ms", sa.BigInteger, nullable=False),
+    sa.Column("until_ms", sa.BigInteger, nullable=False),
+    sa.Column("created_by", sa.String(256), nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("released_by", sa.String(256), nullable=False, default=""),
+    sa.Column("released_ms", sa.BigInteger, nullable=False, default=0),
+    sa.Column("release_note", sa.Text, nullable=False, default=""),
+)
+
+purged = sa.Table(
+    "audit_purged",
+    metadata,
+    sa.Column("seq", _BigInt, primary_key=True, autoincrement=False),
+    sa.Column("purge_id", sa.String(64), nullable=False),
+    sa.Column("event_type", sa.String(128), nullable=False),
+    sa.Column("purged_ms", sa.BigInteger, nullable=False),
+    sa.Index("ix_audit_purged_purge", "purge_id"),
+)
+
+reports = sa.Table(
+    "audit_reports",
+    metadata,
+    sa.Column("report_id", sa.String(64), primary_key=True),
+    sa.Column("period", sa.String(16), nullable=False),  # daily | weekly | monthly | custom
+    sa.Column("since_ms", sa.BigInteger, nullable=False),
+    sa.Column("until_ms", sa.BigInteger, nullable=False),
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+    sa.Column("created_by", sa.String(256), nullable=False),
+    sa.Column("tree_size", sa.BigInteger, nullable=False),
+    sa.Column("root_hash", sa.LargeBinary(32), nullable=False),
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("key_id", sa.String(64), nullable=False),
+    sa.Column("signature", sa.LargeBinary(64), nullable=False),
+    sa.Column("objects_json", sa.Text, nullable=False),  # format -> object name
+    sa.Column("summary_json", sa.Text, nullable=False),
+    sa.Index("ix_audit_reports_period", "period", "since_ms"),
+)
+
+SCHEMA_VERSION = 3
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
@@ -95,7 +171,12 @@ def _migrate_v2(conn: sa.Connection) -> None:
     metadata.create_all(conn, tables=[anomalies])
 
 
-MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}
+def _migrate_v3(conn: sa.Connection) -> None:
+    add_column(conn, events.c.state)
+    metadata.create_all(conn, tables=[segments, retention_rules, holds, purged, reports])
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
 
 
 def connect(url: str) -> sa.Engine:
@@ -156,6 +237,23 @@ class RecordFilter:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event of the log as stored: its indexed columns and, unless it was purged, its
+    canonical bytes (an archived event's bytes come from its object-store segment)."""
+
+    seq: int
+    event_id: str
+    type: str
+    actor: str
+    resource: str
+    action: str
+    decision: str
+    time_ms: int
+    state: str  # live | archived | purged
+    canonical: bytes | None
+
+
 class Store:
     """Reads and appends of the audit tables."""
 
@@ -206,6 +304,38 @@ class Store:
                 return
             yield from rows
             last = int(rows[-1][0])
+
+    def live_events(
+        self, since_ms: int, until_ms: int, below_seq: int, chunk: int = 20_000
+    ) -> Iterator[StoredEvent]:
+        """Events with ``since_ms <= time < until_ms`` and ``seq < below_seq``, in seq order,
+        as stored in this database (archived events come without their bytes)."""
+        c = events.c
+        cols = [c.seq, c.event_id, c.type, c.actor, c.resource, c.action, c.decision, c.time_ms]
+        last = -1
+        while True:
+            stmt = (
+                sa.select(*cols, c.state, c.canonical)
+                .where(
+                    c.seq > last,
+                    c.seq < below_seq,
+                    c.time_ms >= since_ms,
+                    c.time_ms < until_ms,
+                )
+                .order_by(c.seq)
+                .limit(chunk)
+            )
+            with self.engine.connect() as conn:
+                rows = conn.execute(stmt).all()
+            if not rows:
+                return
+            for r in rows:
+                body = bytes(r.canonical) if r.state == "live" else None
+                yield StoredEvent(
+                    int(r.seq), r.event_id, r.type, r.actor, r.resource, r.action,
+                    r.decision, int(r.time_ms), r.state, body,
+                )  # fmt: skip
+            last = int(rows[-1].seq)
 
     def query(self, flt: RecordFilter, after_seq: int, limit: int) -> list[Any]:
         """Up to ``limit`` rows matching ``flt`` with seq > ``after_seq``, in seq order."""
@@ -272,8 +402,14 @@ __all__ = [
     "SCHEMA_VERSION",
     "RecordFilter",
     "Store",
+    "StoredEvent",
     "anomalies",
     "checkpoints",
+    "holds",
+    "purged",
+    "reports",
+    "retention_rules",
+    "segments",
     "connect",
     "events",
     "metadata",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from gantry.core.database import connect_database, migrate_schema
+from gantry.core.database import add_column, connect_database, migrate_schema
 from gantry.events import inbox_table, outbox_table
 
 metadata = sa.MetaData()
@@ -169,26 +169,13 @@ def _migrate_v1(conn: sa.Connection) -> None:
 
 def _migrate_v2(conn: sa.Connection) -> None:
     """Model versions record the code version that trained them."""
-    _add_column(conn, models.c.code_version)
+    add_column(conn, models.c.code_version)
 
 
 def _migrate_v3(conn: sa.Connection) -> None:
     """Scheduled jobs remember their input model and output dataset."""
-    _add_column(conn, scheduled_jobs.c.input_model)
-    _add_column(conn, scheduled_jobs.c.output_dataset)
-
-
-def _add_column(conn: sa.Connection, column: sa.Column[object]) -> None:
-    """``ALTER TABLE ... ADD COLUMN`` unless the column is there already.
-
-    Step 1 creates today's tables, so on a new database a later step finds its column made.
-    """
-    table = column.table
-    if column.name in {c["name"] for c in sa.inspect(conn).get_columns(table.name)}:
-        return
-    ddl = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-    name = conn.dialect.identifier_preparer.format_table(table)
-    conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN {ddl}"))
+    add_column(conn, scheduled_jobs.c.input_model)
+    add_column(conn, scheduled_jobs.c.output_dataset)
 
 
 MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}

@@ -107,6 +107,7 @@ class AuditRecord(_message.Message):
     TIME_MS_FIELD_NUMBER: _builtins.int
     EVENT_JSON_FIELD_NUMBER: _builtins.int
     LEAF_HASH_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """leaf index in the Merkle log"""
     event_id: _builtins.str
@@ -121,6 +122,8 @@ class AuditRecord(_message.Message):
     event_json: _builtins.bytes
     """the canonical event bytes (the leaf data)"""
     leaf_hash: _builtins.bytes
+    state: _builtins.str
+    """live | archived (bytes from the object store) | purged (no bytes)"""
     def __init__(
         self,
         *,
@@ -136,10 +139,11 @@ class AuditRecord(_message.Message):
         time_ms: _builtins.int = ...,
         event_json: _builtins.bytes = ...,
         leaf_hash: _builtins.bytes = ...,
+        state: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "correlation_id", b"correlation_id", "decision", b"decision", "event_id", b"event_id", "event_json", b"event_json", "index", b"index", "leaf_hash", b"leaf_hash", "resource", b"resource", "subject", b"subject", "time_ms", b"time_ms", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "correlation_id", b"correlation_id", "decision", b"decision", "event_id", b"event_id", "event_json", b"event_json", "index", b"index", "leaf_hash", b"leaf_hash", "resource", b"resource", "state", b"state", "subject", b"subject", "time_ms", b"time_ms", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -714,3 +718,802 @@ class ResolveAnomalyRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveAnomalyRequest: _TypeAlias = ResolveAnomalyRequest  # noqa: Y015
+
+@_typing.final
+class SubjectReportRequest(_message.Message):
+    """Data-subject reports: governance's findings for an identifier, with the audit entries that
+    prove each link and their inclusion proofs, signed by the audit service.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTIFIER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    identifier: _builtins.str
+    reason: _builtins.str
+    """why it is asked (recorded, with a keyed reference only)"""
+    def __init__(
+        self,
+        *,
+        identifier: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["identifier", b"identifier", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubjectReportRequest: _TypeAlias = SubjectReportRequest  # noqa: Y015
+
+@_typing.final
+class SubjectReportResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_ID_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    TREE_HEAD_FIELD_NUMBER: _builtins.int
+    report_id: _builtins.str
+    report_json: _builtins.bytes
+    """the signed report (docs/compliance.md#data-subject-reports)"""
+    @_builtins.property
+    def tree_head(self) -> Global___SignedTreeHead: ...
+    def __init__(
+        self,
+        *,
+        report_id: _builtins.str = ...,
+        report_json: _builtins.bytes = ...,
+        tree_head: Global___SignedTreeHead | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tree_head", b"tree_head"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["report_id", b"report_id", "report_json", b"report_json", "tree_head", b"tree_head"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubjectReportResponse: _TypeAlias = SubjectReportResponse  # noqa: Y015
+
+@_typing.final
+class ComplianceReport(_message.Message):
+    """Scheduled and on-demand compliance reports."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_ID_FIELD_NUMBER: _builtins.int
+    PERIOD_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    UNTIL_MS_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    TREE_HEAD_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    FORMATS_FIELD_NUMBER: _builtins.int
+    SUMMARY_JSON_FIELD_NUMBER: _builtins.int
+    report_id: _builtins.str
+    period: _builtins.str
+    """daily | weekly | monthly | custom"""
+    since_ms: _builtins.int
+    until_ms: _builtins.int
+    created_ms: _builtins.int
+    created_by: _builtins.str
+    """"" for a scheduled report"""
+    digest: _builtins.str
+    """SHA-256 of the report's canonical JSON"""
+    key_id: _builtins.str
+    signature: _builtins.bytes
+    """Ed25519 over the digest"""
+    summary_json: _builtins.str
+    """headline figures"""
+    @_builtins.property
+    def tree_head(self) -> Global___SignedTreeHead:
+        """the log the figures were read from"""
+
+    @_builtins.property
+    def formats(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """json, csv, pdf"""
+
+    def __init__(
+        self,
+        *,
+        report_id: _builtins.str = ...,
+        period: _builtins.str = ...,
+        since_ms: _builtins.int = ...,
+        until_ms: _builtins.int = ...,
+        created_ms: _builtins.int = ...,
+        created_by: _builtins.str = ...,
+        tree_head: Global___SignedTreeHead | None = ...,
+        digest: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
+        formats: _abc.Iterable[_builtins.str] | None = ...,
+        summary_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tree_head", b"tree_head"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_by", b"created_by", "created_ms", b"created_ms", "digest", b"digest", "formats", b"formats", "key_id", b"key_id", "period", b"period", "report_id", b"report_id", "signature", b"signature", "since_ms", b"since_ms", "summary_json", b"summary_json", "tree_head", b"tree_head", "until_ms", b"until_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ComplianceReport: _TypeAlias = ComplianceReport  # noqa: Y015
+
+@_typing.final
+class GenerateReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERIOD_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    UNTIL_MS_FIELD_NUMBER: _builtins.int
+    period: _builtins.str
+    """daily | weekly | monthly: the last whole one; custom: since/until"""
+    since_ms: _builtins.int
+    until_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        period: _builtins.str = ...,
+        since_ms: _builtins.int = ...,
+        until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["period", b"period", "since_ms", b"since_ms", "until_ms", b"until_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateReportRequest: _TypeAlias = GenerateReportRequest  # noqa: Y015
+
+@_typing.final
+class ListReportsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PERIOD_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    period: _builtins.str
+    """"" = any"""
+    limit: _builtins.int
+    """default 50"""
+    def __init__(
+        self,
+        *,
+        period: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "period", b"period"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReportsRequest: _TypeAlias = ListReportsRequest  # noqa: Y015
+
+@_typing.final
+class ListReportsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComplianceReport]: ...
+    def __init__(
+        self,
+        *,
+        reports: _abc.Iterable[Global___ComplianceReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reports", b"reports"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReportsResponse: _TypeAlias = ListReportsResponse  # noqa: Y015
+
+@_typing.final
+class DownloadReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_ID_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    report_id: _builtins.str
+    format: _builtins.str
+    """json | csv | pdf"""
+    def __init__(
+        self,
+        *,
+        report_id: _builtins.str = ...,
+        format: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["format", b"format", "report_id", b"report_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadReportRequest: _TypeAlias = DownloadReportRequest  # noqa: Y015
+
+@_typing.final
+class ReportChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportChunk: _TypeAlias = ReportChunk  # noqa: Y015
+
+@_typing.final
+class VerifyReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_ID_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    report_id: _builtins.str
+    """a stored report"""
+    report_json: _builtins.bytes
+    """a downloaded report's JSON"""
+    def __init__(
+        self,
+        *,
+        report_id: _builtins.str = ...,
+        report_json: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "report_id", b"report_id", "report_json", b"report_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "report_id", b"report_id", "report_json", b"report_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_report: _TypeAlias = _typing.Literal["report_id", "report_json"]  # noqa: Y015
+    _WhichOneofArgType_report: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_report) -> _WhichOneofReturnType_report | None: ...
+
+Global___VerifyReportRequest: _TypeAlias = VerifyReportRequest  # noqa: Y015
+
+@_typing.final
+class VerifyReportResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OK_FIELD_NUMBER: _builtins.int
+    SIGNATURE_OK_FIELD_NUMBER: _builtins.int
+    CONSISTENT_FIELD_NUMBER: _builtins.int
+    FIGURES_MATCH_FIELD_NUMBER: _builtins.int
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    TREE_HEAD_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    signature_ok: _builtins.bool
+    """the report's and the tree head's signatures"""
+    consistent: _builtins.bool
+    """its tree head is a prefix of today's log"""
+    figures_match: _builtins.bool
+    """recomputed from the first tree_size events"""
+    digest: _builtins.str
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def tree_head(self) -> Global___SignedTreeHead: ...
+    def __init__(
+        self,
+        *,
+        ok: _builtins.bool = ...,
+        signature_ok: _builtins.bool = ...,
+        consistent: _builtins.bool = ...,
+        figures_match: _builtins.bool = ...,
+        problems: _abc.Iterable[_builtins.str] | None = ...,
+        tree_head: Global___SignedTreeHead | None = ...,
+        digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tree_head", b"tree_head"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consistent", b"consistent", "digest", b"digest", "figures_match", b"figures_match", "ok", b"ok", "problems", b"problems", "signature_ok", b"signature_ok", "tree_head", b"tree_head"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyReportResponse: _TypeAlias = VerifyReportResponse  # noqa: Y015
+
+@_typing.final
+class RetentionRule(_message.Message):
+    """Retention, archival and legal holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_TYPE_FIELD_NUMBER: _builtins.int
+    KEEP_DAYS_FIELD_NUMBER: _builtins.int
+    UPDATED_BY_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    event_type: _builtins.str
+    """a type, a prefix ending in '*', or '*'"""
+    keep_days: _builtins.int
+    updated_by: _builtins.str
+    updated_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        event_type: _builtins.str = ...,
+        keep_days: _builtins.int = ...,
+        updated_by: _builtins.str = ...,
+        updated_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_type", b"event_type", "keep_days", b"keep_days", "updated_by", b"updated_by", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetentionRule: _TypeAlias = RetentionRule  # noqa: Y015
+
+@_typing.final
+class SetRetentionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_TYPE_FIELD_NUMBER: _builtins.int
+    KEEP_DAYS_FIELD_NUMBER: _builtins.int
+    event_type: _builtins.str
+    keep_days: _builtins.int
+    """0 removes the rule (the event type is then kept for ever)"""
+    def __init__(
+        self,
+        *,
+        event_type: _builtins.str = ...,
+        keep_days: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_type", b"event_type", "keep_days", b"keep_days"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRetentionRequest: _TypeAlias = SetRetentionRequest  # noqa: Y015
+
+@_typing.final
+class ListRetentionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRetentionRequest: _TypeAlias = ListRetentionRequest  # noqa: Y015
+
+@_typing.final
+class ListRetentionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetentionRule]: ...
+    def __init__(
+        self,
+        *,
+        rules: _abc.Iterable[Global___RetentionRule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rules", b"rules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRetentionResponse: _TypeAlias = ListRetentionResponse  # noqa: Y015
+
+@_typing.final
+class LegalHold(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLD_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PRINCIPALS_FIELD_NUMBER: _builtins.int
+    DATASETS_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    UNTIL_MS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    RELEASED_BY_FIELD_NUMBER: _builtins.int
+    RELEASED_MS_FIELD_NUMBER: _builtins.int
+    RELEASE_NOTE_FIELD_NUMBER: _builtins.int
+    hold_id: _builtins.str
+    name: _builtins.str
+    reason: _builtins.str
+    since_ms: _builtins.int
+    """events in [since, until); 0 = unbounded"""
+    until_ms: _builtins.int
+    state: _builtins.str
+    """active | released"""
+    created_by: _builtins.str
+    created_ms: _builtins.int
+    released_by: _builtins.str
+    released_ms: _builtins.int
+    release_note: _builtins.str
+    @_builtins.property
+    def principals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """events whose actor is one of these"""
+
+    @_builtins.property
+    def datasets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """events about these datasets"""
+
+    def __init__(
+        self,
+        *,
+        hold_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        principals: _abc.Iterable[_builtins.str] | None = ...,
+        datasets: _abc.Iterable[_builtins.str] | None = ...,
+        since_ms: _builtins.int = ...,
+        until_ms: _builtins.int = ...,
+        state: _builtins.str = ...,
+        created_by: _builtins.str = ...,
+        created_ms: _builtins.int = ...,
+        released_by: _builtins.str = ...,
+        released_ms: _builtins.int = ...,
+        release_note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_by", b"created_by", "created_ms", b"created_ms", "datasets", b"datasets", "hold_id", b"hold_id", "name", b"name", "principals", b"principals", "reason", b"reason", "release_note", b"release_note", "released_by", b"released_by", "released_ms", b"released_ms", "since_ms", b"since_ms", "state", b"state", "until_ms", b"until_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LegalHold: _TypeAlias = LegalHold  # noqa: Y015
+
+@_typing.final
+class PlaceHoldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PRINCIPALS_FIELD_NUMBER: _builtins.int
+    DATASETS_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    UNTIL_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    reason: _builtins.str
+    since_ms: _builtins.int
+    until_ms: _builtins.int
+    @_builtins.property
+    def principals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def datasets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        principals: _abc.Iterable[_builtins.str] | None = ...,
+        datasets: _abc.Iterable[_builtins.str] | None = ...,
+        since_ms: _builtins.int = ...,
+        until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["datasets", b"datasets", "name", b"name", "principals", b"principals", "reason", b"reason", "since_ms", b"since_ms", "until_ms", b"until_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlaceHoldRequest: _TypeAlias = PlaceHoldRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseHoldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    note: _builtins.str
+    """required"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "note", b"note"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseHoldRequest: _TypeAlias = ReleaseHoldRequest  # noqa: Y015
+
+@_typing.final
+class ListHoldsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCLUDE_RELEASED_FIELD_NUMBER: _builtins.int
+    include_released: _builtins.bool
+    def __init__(
+        self,
+        *,
+        include_released: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_released", b"include_released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHoldsRequest: _TypeAlias = ListHoldsRequest  # noqa: Y015
+
+@_typing.final
+class ListHoldsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def holds(self) -> _containers.RepeatedCompositeFieldContainer[Global___LegalHold]: ...
+    def __init__(
+        self,
+        *,
+        holds: _abc.Iterable[Global___LegalHold] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holds", b"holds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHoldsResponse: _TypeAlias = ListHoldsResponse  # noqa: Y015
+
+@_typing.final
+class Segment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    END_SEQ_FIELD_NUMBER: _builtins.int
+    OBJECT_NAME_FIELD_NUMBER: _builtins.int
+    SEGMENT_ROOT_FIELD_NUMBER: _builtins.int
+    TREE_SIZE_FIELD_NUMBER: _builtins.int
+    FROM_MS_FIELD_NUMBER: _builtins.int
+    TO_MS_FIELD_NUMBER: _builtins.int
+    ARCHIVED_MS_FIELD_NUMBER: _builtins.int
+    ARCHIVED_BY_FIELD_NUMBER: _builtins.int
+    first_seq: _builtins.int
+    end_seq: _builtins.int
+    """one past the last event"""
+    object_name: _builtins.str
+    segment_root: _builtins.bytes
+    """Merkle root of the segment's leaves"""
+    tree_size: _builtins.int
+    """the signed tree head its proof leads to"""
+    from_ms: _builtins.int
+    to_ms: _builtins.int
+    archived_ms: _builtins.int
+    archived_by: _builtins.str
+    def __init__(
+        self,
+        *,
+        first_seq: _builtins.int = ...,
+        end_seq: _builtins.int = ...,
+        object_name: _builtins.str = ...,
+        segment_root: _builtins.bytes = ...,
+        tree_size: _builtins.int = ...,
+        from_ms: _builtins.int = ...,
+        to_ms: _builtins.int = ...,
+        archived_ms: _builtins.int = ...,
+        archived_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archived_by", b"archived_by", "archived_ms", b"archived_ms", "end_seq", b"end_seq", "first_seq", b"first_seq", "from_ms", b"from_ms", "object_name", b"object_name", "segment_root", b"segment_root", "to_ms", b"to_ms", "tree_size", b"tree_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Segment: _TypeAlias = Segment  # noqa: Y015
+
+@_typing.final
+class ArchiveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OLDER_THAN_MS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    older_than_ms: _builtins.int
+    """archive whole segments of events before this time; 0 = the setting"""
+    dry_run: _builtins.bool
+    def __init__(
+        self,
+        *,
+        older_than_ms: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "older_than_ms", b"older_than_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArchiveRequest: _TypeAlias = ArchiveRequest  # noqa: Y015
+
+@_typing.final
+class ArchiveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENTS_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    events: _builtins.int
+    @_builtins.property
+    def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Segment]: ...
+    def __init__(
+        self,
+        *,
+        segments: _abc.Iterable[Global___Segment] | None = ...,
+        events: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "segments", b"segments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArchiveResponse: _TypeAlias = ArchiveResponse  # noqa: Y015
+
+@_typing.final
+class ListSegmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSegmentsRequest: _TypeAlias = ListSegmentsRequest  # noqa: Y015
+
+@_typing.final
+class ListSegmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Segment]: ...
+    def __init__(
+        self,
+        *,
+        segments: _abc.Iterable[Global___Segment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["segments", b"segments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSegmentsResponse: _TypeAlias = ListSegmentsResponse  # noqa: Y015
+
+@_typing.final
+class VerifySegmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    first_seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        first_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_seq", b"first_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifySegmentRequest: _TypeAlias = VerifySegmentRequest  # noqa: Y015
+
+@_typing.final
+class VerifySegmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OK_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    TREE_HEAD_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    detail: _builtins.str
+    @_builtins.property
+    def segment(self) -> Global___Segment: ...
+    @_builtins.property
+    def tree_head(self) -> Global___SignedTreeHead: ...
+    def __init__(
+        self,
+        *,
+        ok: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+        segment: Global___Segment | None = ...,
+        tree_head: Global___SignedTreeHead | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment", "tree_head", b"tree_head"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "ok", b"ok", "segment", b"segment", "tree_head", b"tree_head"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifySegmentResponse: _TypeAlias = VerifySegmentResponse  # noqa: Y015
+
+@_typing.final
+class PurgeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    def __init__(
+        self,
+        *,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeRequest: _TypeAlias = PurgeRequest  # noqa: Y015
+
+@_typing.final
+class PurgeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ByTypeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PURGE_ID_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    HELD_BACK_FIELD_NUMBER: _builtins.int
+    BY_TYPE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    purge_id: _builtins.str
+    """"" on a dry run"""
+    events: _builtins.int
+    """deleted (or, on a dry run, deletable)"""
+    held_back: _builtins.int
+    """expired but under a legal hold"""
+    dry_run: _builtins.bool
+    @_builtins.property
+    def by_type(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        purge_id: _builtins.str = ...,
+        events: _builtins.int = ...,
+        held_back: _builtins.int = ...,
+        by_type: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by_type", b"by_type", "dry_run", b"dry_run", "events", b"events", "held_back", b"held_back", "purge_id", b"purge_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PurgeResponse: _TypeAlias = PurgeResponse  # noqa: Y015

@@ -79,6 +79,76 @@ class AuditServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ResolveAnomalyRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.Anomaly.FromString,
                 _registered_method=True)
+        self.SubjectReport = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/SubjectReport',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.SubjectReportRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.SubjectReportResponse.FromString,
+                _registered_method=True)
+        self.GenerateReport = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/GenerateReport',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.GenerateReportRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ComplianceReport.FromString,
+                _registered_method=True)
+        self.ListReports = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ListReports',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListReportsRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListReportsResponse.FromString,
+                _registered_method=True)
+        self.DownloadReport = channel.unary_stream(
+                '/gantry.audit.v1.AuditService/DownloadReport',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.DownloadReportRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ReportChunk.FromString,
+                _registered_method=True)
+        self.VerifyReport = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/VerifyReport',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyReportRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyReportResponse.FromString,
+                _registered_method=True)
+        self.SetRetention = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/SetRetention',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.SetRetentionRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.RetentionRule.FromString,
+                _registered_method=True)
+        self.ListRetention = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ListRetention',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRetentionRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRetentionResponse.FromString,
+                _registered_method=True)
+        self.PlaceHold = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/PlaceHold',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PlaceHoldRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.LegalHold.FromString,
+                _registered_method=True)
+        self.ReleaseHold = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ReleaseHold',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ReleaseHoldRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.LegalHold.FromString,
+                _registered_method=True)
+        self.ListHolds = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ListHolds',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListHoldsRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListHoldsResponse.FromString,
+                _registered_method=True)
+        self.Archive = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/Archive',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ArchiveRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ArchiveResponse.FromString,
+                _registered_method=True)
+        self.ListSegments = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ListSegments',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListSegmentsRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListSegmentsResponse.FromString,
+                _registered_method=True)
+        self.VerifySegment = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/VerifySegment',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifySegmentRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifySegmentResponse.FromString,
+                _registered_method=True)
+        self.Purge = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/Purge',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeResponse.FromString,
+                _registered_method=True)
 
 
 class AuditServiceServicer:
@@ -138,6 +208,90 @@ class AuditServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubjectReport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateReport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReports(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadReport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyReport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRetention(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRetention(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PlaceHold(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseHold(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListHolds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Archive(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSegments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifySegment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Purge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +339,76 @@ def add_AuditServiceServicer_to_server(servicer, server):
                     servicer.ResolveAnomaly,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ResolveAnomalyRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.Anomaly.SerializeToString,
+            ),
+            'SubjectReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubjectReport,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.SubjectReportRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.SubjectReportResponse.SerializeToString,
+            ),
+            'GenerateReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateReport,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.GenerateReportRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ComplianceReport.SerializeToString,
+            ),
+            'ListReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReports,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListReportsRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListReportsResponse.SerializeToString,
+            ),
+            'DownloadReport': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadReport,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.DownloadReportRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ReportChunk.SerializeToString,
+            ),
+            'VerifyReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyReport,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyReportRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyReportResponse.SerializeToString,
+            ),
+            'SetRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRetention,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.SetRetentionRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.RetentionRule.SerializeToString,
+            ),
+            'ListRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRetention,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRetentionRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRetentionResponse.SerializeToString,
+            ),
+            'PlaceHold': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlaceHold,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PlaceHoldRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.LegalHold.SerializeToString,
+            ),
+            'ReleaseHold': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseHold,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ReleaseHoldRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.LegalHold.SerializeToString,
+            ),
+            'ListHolds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHolds,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListHoldsRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListHoldsResponse.SerializeToString,
+            ),
+            'Archive': grpc.unary_unary_rpc_method_handler(
+                    servicer.Archive,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ArchiveRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ArchiveResponse.SerializeToString,
+            ),
+            'ListSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSegments,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListSegmentsRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListSegmentsResponse.SerializeToString,
+            ),
+            'VerifySegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifySegment,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifySegmentRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.VerifySegmentResponse.SerializeToString,
+            ),
+            'Purge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Purge,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +654,384 @@ class AuditService:
             '/gantry.audit.v1.AuditService/ResolveAnomaly',
             gantry_dot_protos_dot_v1_dot_audit__pb2.ResolveAnomalyRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_audit__pb2.Anomaly.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubjectReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/SubjectReport',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.SubjectReportRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.SubjectReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/GenerateReport',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.GenerateReportRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ComplianceReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ListReports',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListReportsRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListReportsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/DownloadReport',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.DownloadReportRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ReportChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/VerifyReport',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyReportRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.VerifyReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/SetRetention',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.SetRetentionRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.RetentionRule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ListRetention',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListRetentionRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlaceHold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/PlaceHold',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.PlaceHoldRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.LegalHold.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseHold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ReleaseHold',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ReleaseHoldRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.LegalHold.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHolds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ListHolds',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListHoldsRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListHoldsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Archive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/Archive',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ArchiveRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ArchiveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ListSegments',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListSegmentsRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListSegmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifySegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/VerifySegment',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.VerifySegmentRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.VerifySegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Purge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/Purge',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,20 @@ class AuditServiceStub:
     Verify: _grpc.UnaryUnaryMultiCallable[_audit_pb2.VerifyRequest, _audit_pb2.VerifyResponse]
     ListAnomalies: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListAnomaliesRequest, _audit_pb2.ListAnomaliesResponse]
     ResolveAnomaly: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ResolveAnomalyRequest, _audit_pb2.Anomaly]
+    SubjectReport: _grpc.UnaryUnaryMultiCallable[_audit_pb2.SubjectReportRequest, _audit_pb2.SubjectReportResponse]
+    GenerateReport: _grpc.UnaryUnaryMultiCallable[_audit_pb2.GenerateReportRequest, _audit_pb2.ComplianceReport]
+    ListReports: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListReportsRequest, _audit_pb2.ListReportsResponse]
+    DownloadReport: _grpc.UnaryStreamMultiCallable[_audit_pb2.DownloadReportRequest, _audit_pb2.ReportChunk]
+    VerifyReport: _grpc.UnaryUnaryMultiCallable[_audit_pb2.VerifyReportRequest, _audit_pb2.VerifyReportResponse]
+    SetRetention: _grpc.UnaryUnaryMultiCallable[_audit_pb2.SetRetentionRequest, _audit_pb2.RetentionRule]
+    ListRetention: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListRetentionRequest, _audit_pb2.ListRetentionResponse]
+    PlaceHold: _grpc.UnaryUnaryMultiCallable[_audit_pb2.PlaceHoldRequest, _audit_pb2.LegalHold]
+    ReleaseHold: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ReleaseHoldRequest, _audit_pb2.LegalHold]
+    ListHolds: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListHoldsRequest, _audit_pb2.ListHoldsResponse]
+    Archive: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ArchiveRequest, _audit_pb2.ArchiveResponse]
+    ListSegments: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListSegmentsRequest, _audit_pb2.ListSegmentsResponse]
+    VerifySegment: _grpc.UnaryUnaryMultiCallable[_audit_pb2.VerifySegmentRequest, _audit_pb2.VerifySegmentResponse]
+    Purge: _grpc.UnaryUnaryMultiCallable[_audit_pb2.PurgeRequest, _audit_pb2.PurgeResponse]
 
 @_typing.type_check_only
 class AuditServiceAsyncStub(AuditServiceStub):
@@ -53,6 +67,20 @@ class AuditServiceAsyncStub(AuditServiceStub):
     Verify: _aio.UnaryUnaryMultiCallable[_audit_pb2.VerifyRequest, _audit_pb2.VerifyResponse]  # type: ignore[assignment]
     ListAnomalies: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListAnomaliesRequest, _audit_pb2.ListAnomaliesResponse]  # type: ignore[assignment]
     ResolveAnomaly: _aio.UnaryUnaryMultiCallable[_audit_pb2.ResolveAnomalyRequest, _audit_pb2.Anomaly]  # type: ignore[assignment]
+    SubjectReport: _aio.UnaryUnaryMultiCallable[_audit_pb2.SubjectReportRequest, _audit_pb2.SubjectReportResponse]  # type: ignore[assignment]
+    GenerateReport: _aio.UnaryUnaryMultiCallable[_audit_pb2.GenerateReportRequest, _audit_pb2.ComplianceReport]  # type: ignore[assignment]
+    ListReports: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListReportsRequest, _audit_pb2.ListReportsResponse]  # type: ignore[assignment]
+    DownloadReport: _aio.UnaryStreamMultiCallable[_audit_pb2.DownloadReportRequest, _audit_pb2.ReportChunk]  # type: ignore[assignment]
+    VerifyReport: _aio.UnaryUnaryMultiCallable[_audit_pb2.VerifyReportRequest, _audit_pb2.VerifyReportResponse]  # type: ignore[assignment]
+    SetRetention: _aio.UnaryUnaryMultiCallable[_audit_pb2.SetRetentionRequest, _audit_pb2.RetentionRule]  # type: ignore[assignment]
+    ListRetention: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListRetentionRequest, _audit_pb2.ListRetentionResponse]  # type: ignore[assignment]
+    PlaceHold: _aio.UnaryUnaryMultiCallable[_audit_pb2.PlaceHoldRequest, _audit_pb2.LegalHold]  # type: ignore[assignment]
+    ReleaseHold: _aio.UnaryUnaryMultiCallable[_audit_pb2.ReleaseHoldRequest, _audit_pb2.LegalHold]  # type: ignore[assignment]
+    ListHolds: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListHoldsRequest, _audit_pb2.ListHoldsResponse]  # type: ignore[assignment]
+    Archive: _aio.UnaryUnaryMultiCallable[_audit_pb2.ArchiveRequest, _audit_pb2.ArchiveResponse]  # type: ignore[assignment]
+    ListSegments: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListSegmentsRequest, _audit_pb2.ListSegmentsResponse]  # type: ignore[assignment]
+    VerifySegment: _aio.UnaryUnaryMultiCallable[_audit_pb2.VerifySegmentRequest, _audit_pb2.VerifySegmentResponse]  # type: ignore[assignment]
+    Purge: _aio.UnaryUnaryMultiCallable[_audit_pb2.PurgeRequest, _audit_pb2.PurgeResponse]  # type: ignore[assignment]
 
 class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -117,5 +145,103 @@ class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _audit_pb2.ResolveAnomalyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_audit_pb2.Anomaly, _abc.Awaitable[_audit_pb2.Anomaly]]: ...
+
+    @_abc_1.abstractmethod
+    def SubjectReport(
+        self,
+        request: _audit_pb2.SubjectReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.SubjectReportResponse, _abc.Awaitable[_audit_pb2.SubjectReportResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GenerateReport(
+        self,
+        request: _audit_pb2.GenerateReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ComplianceReport, _abc.Awaitable[_audit_pb2.ComplianceReport]]: ...
+
+    @_abc_1.abstractmethod
+    def ListReports(
+        self,
+        request: _audit_pb2.ListReportsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ListReportsResponse, _abc.Awaitable[_audit_pb2.ListReportsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DownloadReport(
+        self,
+        request: _audit_pb2.DownloadReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_audit_pb2.ReportChunk], _abc.AsyncIterator[_audit_pb2.ReportChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def VerifyReport(
+        self,
+        request: _audit_pb2.VerifyReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.VerifyReportResponse, _abc.Awaitable[_audit_pb2.VerifyReportResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetRetention(
+        self,
+        request: _audit_pb2.SetRetentionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.RetentionRule, _abc.Awaitable[_audit_pb2.RetentionRule]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRetention(
+        self,
+        request: _audit_pb2.ListRetentionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ListRetentionResponse, _abc.Awaitable[_audit_pb2.ListRetentionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PlaceHold(
+        self,
+        request: _audit_pb2.PlaceHoldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.LegalHold, _abc.Awaitable[_audit_pb2.LegalHold]]: ...
+
+    @_abc_1.abstractmethod
+    def ReleaseHold(
+        self,
+        request: _audit_pb2.ReleaseHoldRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.LegalHold, _abc.Awaitable[_audit_pb2.LegalHold]]: ...
+
+    @_abc_1.abstractmethod
+    def ListHolds(
+        self,
+        request: _audit_pb2.ListHoldsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ListHoldsResponse, _abc.Awaitable[_audit_pb2.ListHoldsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Archive(
+        self,
+        request: _audit_pb2.ArchiveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ArchiveResponse, _abc.Awaitable[_audit_pb2.ArchiveResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSegments(
+        self,
+        request: _audit_pb2.ListSegmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ListSegmentsResponse, _abc.Awaitable[_audit_pb2.ListSegmentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def VerifySegment(
+        self,
+        request: _audit_pb2.VerifySegmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.VerifySegmentResponse, _abc.Awaitable[_audit_pb2.VerifySegmentResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Purge(
+        self,
+        request: _audit_pb2.PurgeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.PurgeResponse, _abc.Awaitable[_audit_pb2.PurgeResponse]]: ...
 
 def add_AuditServiceServicer_to_server(servicer: AuditServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

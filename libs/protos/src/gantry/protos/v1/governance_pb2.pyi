@@ -1474,3 +1474,300 @@ class CollectGarbageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CollectGarbageResponse: _TypeAlias = CollectGarbageResponse  # noqa: Y015
+
+@_typing.final
+class FindSubjectRequest(_message.Message):
+    """Data subjects (GDPR art. 15 and 17). The identifier (an e-mail, a customer id) is matched
+    through each table dataset's keyed hashes of its pii columns; it is never stored in clear.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTIFIER_FIELD_NUMBER: _builtins.int
+    identifier: _builtins.str
+    def __init__(
+        self,
+        *,
+        identifier: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["identifier", b"identifier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindSubjectRequest: _TypeAlias = FindSubjectRequest  # noqa: Y015
+
+@_typing.final
+class SubjectVersion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    IS_HEAD_FIELD_NUMBER: _builtins.int
+    ERASURE_ID_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    version: _builtins.str
+    """full version id"""
+    rows: _builtins.int
+    """rows holding the identifier"""
+    created_ms: _builtins.int
+    author: _builtins.str
+    event_id: _builtins.str
+    """the audited gantry.data.version.committed event ("" if unknown)"""
+    is_head: _builtins.bool
+    erasure_id: _builtins.str
+    """set on a version an erasure committed"""
+    @_builtins.property
+    def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the pii columns it was found in"""
+
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        version: _builtins.str = ...,
+        rows: _builtins.int = ...,
+        columns: _abc.Iterable[_builtins.str] | None = ...,
+        created_ms: _builtins.int = ...,
+        author: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        is_head: _builtins.bool = ...,
+        erasure_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "columns", b"columns", "created_ms", b"created_ms", "dataset", b"dataset", "erasure_id", b"erasure_id", "event_id", b"event_id", "is_head", b"is_head", "rows", b"rows", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubjectVersion: _TypeAlias = SubjectVersion  # noqa: Y015
+
+@_typing.final
+class SubjectLink(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_KIND_FIELD_NUMBER: _builtins.int
+    FROM_ID_FIELD_NUMBER: _builtins.int
+    TO_KIND_FIELD_NUMBER: _builtins.int
+    TO_ID_FIELD_NUMBER: _builtins.int
+    TIME_MS_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    EVENT_TYPE_FIELD_NUMBER: _builtins.int
+    from_kind: _builtins.str
+    """dataset_version | job"""
+    from_id: _builtins.str
+    to_kind: _builtins.str
+    """job | model_version"""
+    to_id: _builtins.str
+    time_ms: _builtins.int
+    event_id: _builtins.str
+    """the audited event that made the link ("" if unknown)"""
+    event_type: _builtins.str
+    """gantry.data.accessed | gantry.model.registered"""
+    def __init__(
+        self,
+        *,
+        from_kind: _builtins.str = ...,
+        from_id: _builtins.str = ...,
+        to_kind: _builtins.str = ...,
+        to_id: _builtins.str = ...,
+        time_ms: _builtins.int = ...,
+        event_id: _builtins.str = ...,
+        event_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "event_type", b"event_type", "from_id", b"from_id", "from_kind", b"from_kind", "time_ms", b"time_ms", "to_id", b"to_id", "to_kind", b"to_kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubjectLink: _TypeAlias = SubjectLink  # noqa: Y015
+
+@_typing.final
+class Erasure(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASURE_ID_FIELD_NUMBER: _builtins.int
+    SUBJECT_REF_FIELD_NUMBER: _builtins.int
+    REQUESTED_BY_FIELD_NUMBER: _builtins.int
+    REQUESTED_MS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    NEW_VERSIONS_FIELD_NUMBER: _builtins.int
+    ROWS_REMOVED_FIELD_NUMBER: _builtins.int
+    MODELS_TO_RETRAIN_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    erasure_id: _builtins.str
+    subject_ref: _builtins.str
+    """keyed reference (not reversible)"""
+    requested_by: _builtins.str
+    requested_ms: _builtins.int
+    reason: _builtins.str
+    event_id: _builtins.str
+    """the gantry.data.subject.erased event"""
+    @_builtins.property
+    def new_versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubjectVersion]:
+        """the versions committed without the subject"""
+
+    @_builtins.property
+    def rows_removed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """per new version, same order"""
+
+    @_builtins.property
+    def models_to_retrain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"<model>:<version>" """
+
+    def __init__(
+        self,
+        *,
+        erasure_id: _builtins.str = ...,
+        subject_ref: _builtins.str = ...,
+        requested_by: _builtins.str = ...,
+        requested_ms: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        new_versions: _abc.Iterable[Global___SubjectVersion] | None = ...,
+        rows_removed: _abc.Iterable[_builtins.int] | None = ...,
+        models_to_retrain: _abc.Iterable[_builtins.str] | None = ...,
+        event_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasure_id", b"erasure_id", "event_id", b"event_id", "models_to_retrain", b"models_to_retrain", "new_versions", b"new_versions", "reason", b"reason", "requested_by", b"requested_by", "requested_ms", b"requested_ms", "rows_removed", b"rows_removed", "subject_ref", b"subject_ref"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Erasure: _TypeAlias = Erasure  # noqa: Y015
+
+@_typing.final
+class SubjectFindings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_REF_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    LINKS_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
+    DATASETS_SEARCHED_FIELD_NUMBER: _builtins.int
+    DATASETS_NOT_SEARCHABLE_FIELD_NUMBER: _builtins.int
+    ERASURES_FIELD_NUMBER: _builtins.int
+    SEARCHED_MS_FIELD_NUMBER: _builtins.int
+    subject_ref: _builtins.str
+    """keyed reference (not reversible)"""
+    searched_ms: _builtins.int
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubjectVersion]:
+        """every version holding the identifier"""
+
+    @_builtins.property
+    def links(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubjectLink]:
+        """versions -> jobs -> models"""
+
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"<model>:<version>" """
+
+    @_builtins.property
+    def datasets_searched(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """table datasets with pii columns"""
+
+    @_builtins.property
+    def datasets_not_searchable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """files datasets, tables without pii columns"""
+
+    @_builtins.property
+    def erasures(self) -> _containers.RepeatedCompositeFieldContainer[Global___Erasure]:
+        """erasures already made for this subject"""
+
+    def __init__(
+        self,
+        *,
+        subject_ref: _builtins.str = ...,
+        versions: _abc.Iterable[Global___SubjectVersion] | None = ...,
+        links: _abc.Iterable[Global___SubjectLink] | None = ...,
+        jobs: _abc.Iterable[_builtins.str] | None = ...,
+        models: _abc.Iterable[_builtins.str] | None = ...,
+        datasets_searched: _abc.Iterable[_builtins.str] | None = ...,
+        datasets_not_searchable: _abc.Iterable[_builtins.str] | None = ...,
+        erasures: _abc.Iterable[Global___Erasure] | None = ...,
+        searched_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["datasets_not_searchable", b"datasets_not_searchable", "datasets_searched", b"datasets_searched", "erasures", b"erasures", "jobs", b"jobs", "links", b"links", "models", b"models", "searched_ms", b"searched_ms", "subject_ref", b"subject_ref", "versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubjectFindings: _TypeAlias = SubjectFindings  # noqa: Y015
+
+@_typing.final
+class EraseSubjectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDENTIFIER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    identifier: _builtins.str
+    reason: _builtins.str
+    """required: why (e.g. the request's ticket)"""
+    dry_run: _builtins.bool
+    """report what would change, change nothing"""
+    def __init__(
+        self,
+        *,
+        identifier: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "identifier", b"identifier", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseSubjectRequest: _TypeAlias = EraseSubjectRequest  # noqa: Y015
+
+@_typing.final
+class ListErasuresRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    def __init__(
+        self,
+        *,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListErasuresRequest: _TypeAlias = ListErasuresRequest  # noqa: Y015
+
+@_typing.final
+class ListErasuresResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASURES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def erasures(self) -> _containers.RepeatedCompositeFieldContainer[Global___Erasure]: ...
+    def __init__(
+        self,
+        *,
+        erasures: _abc.Iterable[Global___Erasure] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasures", b"erasures"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListErasuresResponse: _TypeAlias = ListErasuresResponse  # noqa: Y015

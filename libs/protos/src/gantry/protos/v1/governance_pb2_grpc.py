@@ -149,6 +149,21 @@ class GovernanceServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.CollectGarbageRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.CollectGarbageResponse.FromString,
                 _registered_method=True)
+        self.FindSubject = channel.unary_unary(
+                '/gantry.governance.v1.GovernanceService/FindSubject',
+                request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.FindSubjectRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.SubjectFindings.FromString,
+                _registered_method=True)
+        self.EraseSubject = channel.unary_unary(
+                '/gantry.governance.v1.GovernanceService/EraseSubject',
+                request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.EraseSubjectRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.Erasure.FromString,
+                _registered_method=True)
+        self.ListErasures = channel.unary_unary(
+                '/gantry.governance.v1.GovernanceService/ListErasures',
+                request_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListErasuresRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListErasuresResponse.FromString,
+                _registered_method=True)
 
 
 class GovernanceServiceServicer:
@@ -292,6 +307,24 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindSubject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EraseSubject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListErasures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GovernanceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -409,6 +442,21 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.CollectGarbage,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.CollectGarbageRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.CollectGarbageResponse.SerializeToString,
+            ),
+            'FindSubject': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindSubject,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.FindSubjectRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.SubjectFindings.SerializeToString,
+            ),
+            'EraseSubject': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseSubject,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.EraseSubjectRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.Erasure.SerializeToString,
+            ),
+            'ListErasures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListErasures,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListErasuresRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_governance__pb2.ListErasuresResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1032,6 +1080,87 @@ class GovernanceService:
             '/gantry.governance.v1.GovernanceService/CollectGarbage',
             gantry_dot_protos_dot_v1_dot_governance__pb2.CollectGarbageRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_governance__pb2.CollectGarbageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindSubject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.governance.v1.GovernanceService/FindSubject',
+            gantry_dot_protos_dot_v1_dot_governance__pb2.FindSubjectRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_governance__pb2.SubjectFindings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseSubject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.governance.v1.GovernanceService/EraseSubject',
+            gantry_dot_protos_dot_v1_dot_governance__pb2.EraseSubjectRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_governance__pb2.Erasure.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListErasures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.governance.v1.GovernanceService/ListErasures',
+            gantry_dot_protos_dot_v1_dot_governance__pb2.ListErasuresRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_governance__pb2.ListErasuresResponse.FromString,
             options,
             channel_credentials,
             insecure,

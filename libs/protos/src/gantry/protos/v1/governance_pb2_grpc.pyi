@@ -56,6 +56,9 @@ class GovernanceServiceStub:
     DownloadModel: _grpc.UnaryStreamMultiCallable[_governance_pb2.GetModelRequest, _governance_pb2.DownloadModelResponse]
     RotateKeys: _grpc.UnaryUnaryMultiCallable[_governance_pb2.RotateKeysRequest, _governance_pb2.RotateKeysResponse]
     CollectGarbage: _grpc.UnaryUnaryMultiCallable[_governance_pb2.CollectGarbageRequest, _governance_pb2.CollectGarbageResponse]
+    FindSubject: _grpc.UnaryUnaryMultiCallable[_governance_pb2.FindSubjectRequest, _governance_pb2.SubjectFindings]
+    EraseSubject: _grpc.UnaryUnaryMultiCallable[_governance_pb2.EraseSubjectRequest, _governance_pb2.Erasure]
+    ListErasures: _grpc.UnaryUnaryMultiCallable[_governance_pb2.ListErasuresRequest, _governance_pb2.ListErasuresResponse]
 
 @_typing.type_check_only
 class GovernanceServiceAsyncStub(GovernanceServiceStub):
@@ -83,6 +86,9 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     DownloadModel: _aio.UnaryStreamMultiCallable[_governance_pb2.GetModelRequest, _governance_pb2.DownloadModelResponse]  # type: ignore[assignment]
     RotateKeys: _aio.UnaryUnaryMultiCallable[_governance_pb2.RotateKeysRequest, _governance_pb2.RotateKeysResponse]  # type: ignore[assignment]
     CollectGarbage: _aio.UnaryUnaryMultiCallable[_governance_pb2.CollectGarbageRequest, _governance_pb2.CollectGarbageResponse]  # type: ignore[assignment]
+    FindSubject: _aio.UnaryUnaryMultiCallable[_governance_pb2.FindSubjectRequest, _governance_pb2.SubjectFindings]  # type: ignore[assignment]
+    EraseSubject: _aio.UnaryUnaryMultiCallable[_governance_pb2.EraseSubjectRequest, _governance_pb2.Erasure]  # type: ignore[assignment]
+    ListErasures: _aio.UnaryUnaryMultiCallable[_governance_pb2.ListErasuresRequest, _governance_pb2.ListErasuresResponse]  # type: ignore[assignment]
 
 class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -245,5 +251,26 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _governance_pb2.CollectGarbageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_governance_pb2.CollectGarbageResponse, _abc.Awaitable[_governance_pb2.CollectGarbageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def FindSubject(
+        self,
+        request: _governance_pb2.FindSubjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_pb2.SubjectFindings, _abc.Awaitable[_governance_pb2.SubjectFindings]]: ...
+
+    @_abc_1.abstractmethod
+    def EraseSubject(
+        self,
+        request: _governance_pb2.EraseSubjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_pb2.Erasure, _abc.Awaitable[_governance_pb2.Erasure]]: ...
+
+    @_abc_1.abstractmethod
+    def ListErasures(
+        self,
+        request: _governance_pb2.ListErasuresRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_pb2.ListErasuresResponse, _abc.Awaitable[_governance_pb2.ListErasuresResponse]]: ...
 
 def add_GovernanceServiceServicer_to_server(servicer: GovernanceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

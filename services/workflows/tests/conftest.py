@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import textwrap
 from collections.abc import Mapping
@@ -10,12 +11,14 @@ from typing import Any
 
 import pytest
 
-from gantry.core import ManualClock, Unavailable
+from gantry.core import ManualClock, NatsSettings, Unavailable
 from gantry.workflows import store
+from gantry.workflows.app import WorkflowService
 from gantry.workflows.controller import Caller, Controller
 from gantry.workflows.pipelines import Deploy
 from gantry.workflows.platform import JobStatus, Owner, Rollout
 from gantry.workflows.registry import Registry
+from gantry.workflows.settings import WorkflowOptions, WorkflowSettings
 
 CHURN = textwrap.dedent(
     """
@@ -185,3 +188,20 @@ def rig(tmp_path: Path) -> Rig:
     registry = Registry(engine, clock)
     controller = Controller(engine, registry, platform, clock, resync_s=0, poll_s=0)
     return Rig(platform, clock, registry, controller, path)
+
+
+def workflow_service(data: Path, nats_url: str, platform: FakePlatform) -> WorkflowService:
+    """The service as a process runs it, on ``nats_url``, with ``platform`` for the others."""
+    settings = WorkflowSettings(
+        data_dir=data,
+        nats=NatsSettings(url=nats_url, reconnect_wait_s=0.1),
+        workflows=WorkflowOptions(grpc_port=0, metrics_port=0, tick_s=0.1, resync_s=60, poll_s=60),
+    )
+    return WorkflowService(settings, platform=platform)
+
+
+async def serving(service: WorkflowService) -> None:
+    """Wait until ``service`` listens and consumes."""
+    async with asyncio.timeout(20):
+        while service.grpc_port == 0 or service.intake is None:
+            await asyncio.sleep(0.05)

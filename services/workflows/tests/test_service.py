@@ -20,25 +20,8 @@ from gantry.protos.v1 import workflows_pb2_grpc as pb_grpc
 from gantry.security import TokenIssuer
 from gantry.security.keyring import Keyring
 from gantry.testing.events import EventTap
-from gantry.workflows.app import WorkflowService
-from gantry.workflows.settings import WorkflowOptions, WorkflowSettings
 
-from .conftest import CHURN, FakePlatform
-
-
-def _service(data: Path, nats_url: str, platform: FakePlatform) -> WorkflowService:
-    settings = WorkflowSettings(
-        data_dir=data,
-        nats=NatsSettings(url=nats_url, reconnect_wait_s=0.1),
-        workflows=WorkflowOptions(grpc_port=0, metrics_port=0, tick_s=0.1, resync_s=60, poll_s=60),
-    )
-    return WorkflowService(settings, platform=platform)
-
-
-async def _started(service: WorkflowService) -> None:
-    async with asyncio.timeout(20):
-        while service.grpc_port == 0 or service.intake is None:
-            await asyncio.sleep(0.05)
+from .conftest import CHURN, FakePlatform, serving, workflow_service
 
 
 async def test_the_service_runs_a_pipeline_woken_by_job_events(
@@ -48,14 +31,14 @@ async def test_the_service_runs_a_pipeline_woken_by_job_events(
     keyring = Keyring(data / "keys")
     issuer = TokenIssuer(keyring.issuer(create=True))
     platform = FakePlatform()
-    service = _service(data, nats_url, platform)
+    service = workflow_service(data, nats_url, platform)
     task = asyncio.create_task(service.run())
     tap = await EventTap().start(nats_url, "gantry.>")
     bus = await Bus.connect(NatsSettings(url=nats_url), name="test-scheduler")
     scheduler = Publisher(bus, signer=keyring.service_key("scheduler"))
     channel = None
     try:
-        await _started(service)
+        await serving(service)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}")
         stub = pb_grpc.WorkflowServiceStub(channel)
         dev = issuer.issue("dev", ["ml-developer", "data-steward"], dt.timedelta(minutes=5))
@@ -124,10 +107,10 @@ async def test_the_service_runs_a_pipeline_woken_by_job_events(
         await tap.close()
 
     # a restart: the run is where it was, and carries on
-    again = _service(data, nats_url, platform)
+    again = workflow_service(data, nats_url, platform)
     task = asyncio.create_task(again.run())
     try:
-        await _started(again)
+        await serving(again)
         platform.finish(platform.job_of("train"), model="churn:1")
         again.controller.job_changed(platform.job_of("train"))
         again.wake()

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import orjson
 
+from gantry.client._audit_compliance import ComplianceCalls
 from gantry.client.errors import from_rpc_error
 from gantry.core import IntegrityError
 from gantry.protos.v1 import audit_pb2 as pb
@@ -50,7 +51,7 @@ def head_from_pb(m: pb.SignedTreeHead) -> TreeHead:
     return TreeHead(m.tree_size, m.root_hash, m.timestamp_ms, m.key_id, m.signature)
 
 
-class AuditClient:
+class AuditClient(ComplianceCalls):
     """A synchronous client of the audit service, authenticated with a bearer token."""
 
     def __init__(self, address: str, token: str, *, timeout_s: float = 30.0) -> None:
@@ -64,6 +65,14 @@ class AuditClient:
         try:
             return getattr(self._stub, method)(
                 request, metadata=self._metadata, timeout=self._timeout
+            )
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, service="audit", address=self.address) from None
+
+    def _stream(self, method: str, request: Any) -> Iterator[Any]:
+        try:
+            yield from getattr(self._stub, method)(
+                request, metadata=self._metadata, timeout=max(self._timeout, 300)
             )
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, service="audit", address=self.address) from None

@@ -23,7 +23,12 @@ straggler with the phase, the cause and the evidence. An outside service, ``feat
 reports 1,000 reads of its own as signed ``gantry.data.accessed`` events through the SDK. Then,
 as an auditor: waits until the log holds everything, counts the events with a query, prints the
 access report for ``dataset/customers`` (the refused raw read among them), waits for a signed
-checkpoint, has the server verify the whole log and checks one inclusion proof locally. Exits 0
+checkpoint, has the server verify the whole log and checks one inclusion proof locally. Last,
+the compliance officer's view (:mod:`gantry.client.demo_compliance`): the developer's repeated
+raw reads raise a denial-storm anomaly, which the officer acknowledges; a signed data-subject
+report traces one customer's e-mail to the dataset versions, jobs and models holding it, each
+link proven by an audit entry; and a signed compliance report of the run is generated,
+verified against the log and downloaded as PDF and CSV. Exits 0
 when every step worked, 1 (with the failing step and the services' last log lines) otherwise.
 """
 
@@ -77,6 +82,7 @@ from gantry.supervisor.platform import Platform
 
 if TYPE_CHECKING:
     from gantry.client.audit import AuditClient
+    from gantry.client.demo_compliance import ComplianceSummary
     from gantry.security.treehead import TreeHead
 
 # Modules that import gantry.events are imported where used, after main() set up logging.
@@ -99,6 +105,7 @@ class Summary:
     training: TrainingSummary | None = None
     serving: ServingSummary | None = None
     profiler: ProfilerSummary | None = None
+    compliance: ComplianceSummary | None = None
     denied_in_report: int = 0
     in_log: int = 0
     report_rows: int = 0
@@ -195,6 +202,7 @@ def run(
     console = console or Console()
     steps = steps or _Steps(console)
     started = time.monotonic()
+    started_ms = int(time.time() * 1000)
     summary = Summary()
     run_id = new_id()
     platform = Platform(
@@ -266,6 +274,18 @@ def run(
             token = create_token(data_dir, "demo-auditor", ["auditor"], dt.timedelta(hours=1))
         with AuditClient(platform.address("audit"), token) as client:
             summary = _audit(client, steps, data_dir, ids, run_id, summary, console)
+        if summary.data is not None:
+            from gantry.client.demo_compliance import compliance_story
+
+            summary.compliance = compliance_story(
+                platform.address("governance"),
+                platform.address("audit"),
+                data_dir,
+                steps.step,
+                console,
+                version=summary.data.version,
+                since_ms=started_ms,
+            )
     finally:
         platform.stop()
     summary.elapsed_s = time.monotonic() - started
@@ -386,6 +406,19 @@ def _summary_table(summary: Summary) -> Table:
         f"checkpoint{'' if summary.checkpoints == 1 else 's'})",
     )
     table.add_row("inclusion proof", f"OK (entry {summary.proof_index:,})")
+    c = summary.compliance
+    if c is not None:
+        table.add_row("anomaly raised (denial storm)", c.anomaly_reason)
+        table.add_row(
+            "data-subject report (signed, verified)",
+            f"{c.subject_versions} version(s), jobs {', '.join(c.subject_jobs)}, models "
+            f"{', '.join(c.subject_models)}; {c.subject_proven} links proven",
+        )
+        table.add_row(
+            "compliance report (signed, verified)",
+            f"{c.report_id[:8]} over {c.report_tree_size:,} events: "
+            + ", ".join(str(p) for p in c.report_files),
+        )
     table.add_row("elapsed", f"{summary.elapsed_s:.1f}s")
     return table
 

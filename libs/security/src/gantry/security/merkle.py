@@ -33,6 +33,7 @@ __all__ = [
     "node_hash",
     "verify_consistency",
     "verify_inclusion",
+    "verify_subtree_inclusion",
 ]
 
 HASH_SIZE: Final = 32
@@ -206,6 +207,24 @@ class MerkleTree:
         n = self._check_size(tree_size, "tree size")
         return self._range_hash(0, n)
 
+    def subtree_root(self, first: int, level: int) -> bytes:
+        """Return the root of the aligned perfect subtree of ``2**level`` leaves at ``first``.
+
+        ``first`` must be a multiple of ``2**level`` and the subtree complete (inside
+        :attr:`size`); the node is stored, so this costs no hashing.
+        """
+        if level < 0 or first < 0 or first % (1 << level):
+            raise ValueError(
+                f"a subtree of level {level} must start at a multiple of {1 << max(level, 0)}, "
+                f"not {first}"
+            )
+        if first + (1 << level) > self._size:
+            raise ValueError(
+                f"subtree [{first}, {first + (1 << level)}) is not complete in a tree of size "
+                f"{self._size}"
+            )
+        return self._node(level, first >> level)
+
     def inclusion_proof(self, index: int, tree_size: int | None = None) -> list[bytes]:
         """Return the audit path for leaf ``index`` in the tree of ``tree_size`` leaves.
 
@@ -340,8 +359,13 @@ def _root_from_inclusion(
     """Recompute the root from an audit path (RFC 9162 §2.1.3.2), or None if malformed."""
     if not 0 <= index < tree_size or not _is_hash(leaf_hash):
         return None
-    fn, sn = index, tree_size - 1
-    r = bytes(leaf_hash)
+    return _climb(bytes(leaf_hash), index, tree_size - 1, proof)
+
+
+def _climb(node: bytes, fn: int, sn: int, proof: Sequence[bytes]) -> bytes | None:
+    """The RFC 9162 §2.1.3.2 loop from ``node`` at index ``fn`` of a level whose last index is
+    ``sn``: the root, or None if the path is malformed or of the wrong length."""
+    r = node
     for p in proof:
         if sn == 0 or not _is_hash(p):
             return None
@@ -373,6 +397,32 @@ def verify_inclusion(
     if not _is_hash(root):
         return False
     computed = _root_from_inclusion(leaf_hash, index, tree_size, proof)
+    return computed is not None and computed == root
+
+
+def verify_subtree_inclusion(
+    subtree_root: bytes,
+    first: int,
+    level: int,
+    tree_size: int,
+    outer_path: Sequence[bytes],
+    root: bytes,
+) -> bool:
+    """Check that the aligned perfect subtree of ``2**level`` leaves starting at leaf ``first``
+    with root ``subtree_root`` is part of the tree of ``tree_size`` leaves with ``root``.
+
+    For such a subtree inside the tree (``first`` a multiple of ``2**level`` and
+    ``first + 2**level <= tree_size``), the audit path of leaf ``first`` is the ``level``
+    siblings inside the subtree followed by ``outer_path``; the verification loop of RFC 9162
+    §2.1.3.2, after climbing those ``level`` steps, stands at the subtree's root. So the
+    subtree is proven by ``outer_path`` alone (``inclusion_proof(first, tree_size)[level:]``).
+    Malformed input yields False.
+    """
+    if not (_is_hash(root) and _is_hash(subtree_root)) or level < 0 or first < 0:
+        return False
+    if first % (1 << level) or first + (1 << level) > tree_size:
+        return False
+    computed = _climb(bytes(subtree_root), first >> level, (tree_size - 1) >> level, outer_path)
     return computed is not None and computed == root
 
 

@@ -74,7 +74,11 @@ class AnomalyWatch:
         since = self.now_ms() - self.settings.history_days * 86_400_000
         query = (
             sa.select(events.c.canonical)
-            .where(events.c.time_ms >= since, events.c.type.in_(_JUDGED))
+            .where(
+                events.c.time_ms >= since,
+                events.c.type.in_(_JUDGED),
+                events.c.state == "live",  # archived and purged rows hold no bytes here
+            )
             .order_by(events.c.seq)
             .execution_options(yield_per=5000)
         )

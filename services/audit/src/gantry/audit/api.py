@@ -12,8 +12,10 @@ from typing import Any
 import grpc
 
 from gantry.audit.anomalies import AnomalyRecord, AnomalyWatch
+from gantry.audit.compliance_api import COMPLIANCE_RULES, ComplianceApi
 from gantry.audit.ledger import Ledger
 from gantry.audit.store import RecordFilter
+from gantry.audit.subject_reports import SubjectReports
 from gantry.core import GantryError, InvalidInput, Unavailable
 from gantry.protos.v1 import audit_pb2 as pb
 from gantry.protos.v1 import audit_pb2_grpc as pb_grpc
@@ -34,6 +36,7 @@ METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/Verify": MethodRule("verify", "audit_log"),
     f"/{SERVICE}/ListAnomalies": MethodRule("list", "anomaly"),
     f"/{SERVICE}/ResolveAnomaly": MethodRule("resolve", "anomaly"),
+    **COMPLIANCE_RULES,
 }
 
 MAX_PAGE = 1000
@@ -102,7 +105,7 @@ def _page_after(token: str) -> int:
     return int(token[1:])
 
 
-class AuditApi(pb_grpc.AuditServiceServicer):
+class AuditApi(ComplianceApi, pb_grpc.AuditServiceServicer):  # type: ignore[misc]
     """Serves the audit log; every call is authorised by the interceptor, queries are audited."""
 
     def __init__(
@@ -112,11 +115,13 @@ class AuditApi(pb_grpc.AuditServiceServicer):
         *,
         on_query: Callable[[], None],
         anomalies: AnomalyWatch | None = None,
+        subjects: SubjectReports | None = None,
     ) -> None:
         self._ledger = ledger
         self._trust = trust
         self._on_query = on_query
         self._anomalies = anomalies
+        self._subjects = subjects
 
     async def _audited(self, query: str, filters: dict[str, Any], results: int) -> None:
         actor = current_principal().subject

@@ -25,9 +25,10 @@ from gantry.audit.ingest import Ingestor
 from gantry.audit.ledger import SOURCE, Ledger
 from gantry.audit.settings import AuditSettings
 from gantry.audit.store import Store, connect, migrate, outbox
+from gantry.audit.subject_reports import GovernanceSubjects, SubjectReports
 from gantry.core import get_logger
 from gantry.core.entrypoint import run_until_signalled
-from gantry.core.runfile import run_file, write_run_file
+from gantry.core.runfile import run_file, service_address, write_run_file
 from gantry.events import (
     BackgroundPublisher,
     Bus,
@@ -40,6 +41,8 @@ from gantry.protos.v1 import audit_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import DirectoryTrustStore, Keyring
+from gantry.security.tokens import ServiceToken
+from gantry.storage import open_store
 
 _log = get_logger("gantry.audit")
 
@@ -63,6 +66,25 @@ class AuditService:
             checkpoint_every_events=settings.audit.checkpoint_every_events,
         )
         self.anomalies = AnomalyWatch(self.engine, Outbox(outbox), settings.audit.anomaly)
+        self.objects = open_store(settings.storage, data_dir=settings.data_dir)
+        o = settings.audit
+        self.token = ServiceToken(
+            "audit", self.keyring.issuer, configured=o.token.get_secret_value()
+        )
+        self.subjects = SubjectReports(
+            self.ledger,
+            GovernanceSubjects(
+                lambda: service_address(
+                    settings.data_dir,
+                    "governance",
+                    configured=o.governance_addr,
+                    setting="GANTRY_AUDIT__GOVERNANCE_ADDR",
+                ),
+                self.token.get,
+                timeout_s=o.call_timeout_s,
+            ),
+            self.key,
+        )
         self.grpc_port = 0
         self.metrics_port = 0
         self._stopping = asyncio.Event()
@@ -123,6 +145,7 @@ class AuditService:
                 self.keyring.tree_head_trust(),
                 on_query=relay.notify,
                 anomalies=self.anomalies,
+                subjects=self.subjects,
             ),
             server,
         )

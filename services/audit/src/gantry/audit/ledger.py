@@ -1,21 +1,45 @@
-"""The tamper-evident log (domain): appends, signed checkpoints, proofs and verification."""
+"""The tamper-evident log (domain): appends, signed checkpoints, proofs and verification.
+
+An event row is ``live`` (its bytes are in the database), ``archived`` (its bytes are in an
+object-store segment written by :mod:`gantry.audit.archive`) or ``purged`` (deleted by
+:mod:`gantry.audit.retention`; only its leaf hash, position and a purge seal remain). Leaf
+hashes are never removed, so the tree, every signed head and every proof stay valid; this
+module reads archived bytes back from their segments wherever the log's bytes are needed.
+"""
 
 from __future__ import annotations
 
 import base64
+import bisect
+import gzip
 import hashlib
 import hmac
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
 
 from gantry.audit.facets import facets_of
-from gantry.audit.store import Store, outbox
-from gantry.core import Clock, InvalidInput, NotFound, SystemClock, get_logger, new_id
+from gantry.audit.store import Store, StoredEvent, events, outbox, purged, segments
+from gantry.core import (
+    Clock,
+    Conflict,
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    SystemClock,
+    get_logger,
+    new_id,
+)
 from gantry.events import AuditCheckpoint, EventEnvelope, Outbox
 from gantry.security.keys import SigningKey, TrustStore
 from gantry.security.merkle import MerkleTree, StreamingRoot, leaf_hash
 from gantry.security.treehead import TreeHead
+from gantry.storage import ObjectNotFound, ObjectStore
 
 _log = get_logger("gantry.audit.ledger")
 
@@ -37,6 +61,97 @@ def sealed_columns(values: Sequence[object]) -> bytes:
 def seal_of(key: bytes, position: int, leaf: bytes, columns: bytes = b"") -> bytes:
     """HMAC-SHA256 binding a leaf hash and its indexed columns to the leaf's position."""
     return hmac.new(key, position.to_bytes(8, "big") + leaf + columns, hashlib.sha256).digest()
+
+
+def purge_sealed(purge_id: str) -> bytes:
+    """What a purged row's seal covers besides its position and leaf: the purge's id."""
+    return b"purged:" + purge_id.encode()
+
+
+#: The first line of every segment object names its format (see :mod:`gantry.audit.archive`).
+SEGMENT_FORMAT = "gantry-audit-segment/v1"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """An archived segment: the aligned complete subtree ``[first_seq, end_seq)`` of
+    ``2**level`` events, kept as one encrypted object (fields of the ``Segment`` message, plus
+    the level and the object's SHA-256). ``object_name`` is empty once every event of the
+    segment was purged and the object deleted."""
+
+    first_seq: int
+    end_seq: int
+    level: int
+    object_name: str
+    sha256: str  # hex SHA-256 of the object's (gzip) bytes
+    segment_root: bytes
+    tree_size: int
+    from_ms: int
+    to_ms: int
+    archived_ms: int
+    archived_by: str
+
+    @classmethod
+    def from_row(cls, row: Any) -> Segment:
+        """A segment from its ``audit_segments`` row."""
+        return cls(
+            int(row.first_seq), int(row.end_seq), int(row.level), row.object_name, row.sha256,
+            bytes(row.segment_root), int(row.tree_size), int(row.from_ms), int(row.to_ms),
+            int(row.archived_ms), row.archived_by,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SegmentLine:
+    """One event of a segment object as written."""
+
+    seq: int
+    canonical: bytes | None  # None: the event had been purged before the segment was written
+    leaf: bytes
+    columns: dict[str, Any]  # the sealed columns, as stored when archived
+    seal: bytes
+
+
+@dataclass(frozen=True)
+class SegmentObject:
+    """A segment object's contents: its header (a dict, see :mod:`gantry.audit.archive`) and
+    its events in seq order."""
+
+    header: dict[str, Any]
+    lines: list[SegmentLine]
+
+
+def parse_segment(raw: bytes) -> SegmentObject:
+    """Decode a segment object's bytes (gzip JSON lines); IntegrityError when malformed.
+
+    This checks the format and that each event's bytes match the leaf hash written beside them;
+    the proof in the header is checked by :func:`gantry.audit.archive.check_segment`.
+    """
+    try:
+        text = gzip.decompress(raw)
+        docs = [orjson.loads(line) for line in text.splitlines() if line]
+        header = docs[0]
+        if not isinstance(header, dict) or header.get("format") != SEGMENT_FORMAT:
+            raise ValueError(f"the first line does not name the format {SEGMENT_FORMAT}")
+        lines = []
+        for doc in docs[1:]:
+            body = doc["canonical"]
+            line = SegmentLine(
+                int(doc["seq"]),
+                None if body is None else base64.b64decode(body, validate=True),
+                bytes.fromhex(doc["leaf"]),
+                dict(doc["columns"]),
+                bytes.fromhex(doc["seal"]),
+            )
+            if line.canonical is not None and leaf_hash(line.canonical) != line.leaf:
+                raise ValueError(f"the bytes of event {line.seq} do not match their leaf hash")
+            lines.append(line)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise IntegrityError(
+            f"malformed audit segment: {exc}",
+            hint="the object was altered or is not an audit segment; run Verify on the log",
+        ) from None
+    return SegmentObject(header, lines)
 
 
 @dataclass(frozen=True)
@@ -72,7 +187,10 @@ class Ledger:
     """Owns the Merkle tree and the only writer of the log tables.
 
     ``append`` is synchronous (call it from a worker thread) and serialised by a lock; the
-    in-memory tree is updated only after the transaction committed.
+    in-memory tree is updated only after the transaction committed. ``objects`` is where
+    archived segments live; without it archived events cannot be read (nor archived).
+    Archival and purges hold :attr:`maintenance_lock` so they never change the same rows at
+    once.
     """
 
     def __init__(
@@ -83,16 +201,46 @@ class Ledger:
         signer: SigningKey,
         clock: Clock | None = None,
         checkpoint_every_events: int = 1000,
+        objects: ObjectStore | None = None,
+        segment_cache: int = 4,
     ) -> None:
         self.store = store
+        self.objects = objects
         self._seal_key = seal_key
         self._signer = signer
         self._clock = clock or SystemClock()
         self._every = checkpoint_every_events
         self._outbox = Outbox(outbox)
         self._lock = threading.Lock()
+        self.maintenance_lock = threading.Lock()
+        self._cache: OrderedDict[tuple[int, str], dict[int, bytes | None]] = OrderedDict()
+        self._cache_size = max(segment_cache, 0)
+        self._cache_lock = threading.Lock()
         self.tree = MerkleTree()
         self.last_checkpoint_size = 0
+
+    @property
+    def clock(self) -> Clock:
+        """The clock that timestamps checkpoints (and archival and purges)."""
+        return self._clock
+
+    def now_ms(self) -> int:
+        """The clock's time, Unix milliseconds."""
+        return int(self._clock.now().timestamp() * 1000)
+
+    def purge_seal(self, seq: int, leaf: bytes, purge_id: str) -> bytes:
+        """The seal a row carries once purge ``purge_id`` deleted it."""
+        return seal_of(self._seal_key, seq, leaf, purge_sealed(purge_id))
+
+    def proof_path(self, index: int, tree_size: int) -> list[bytes]:
+        """The inclusion path of leaf ``index`` in the tree of ``tree_size`` (thread-safe)."""
+        with self._lock:
+            return self.tree.inclusion_proof(index, tree_size)
+
+    def subtree_root(self, first: int, level: int) -> bytes:
+        """The root of the aligned complete subtree of ``2**level`` leaves at ``first``."""
+        with self._lock:
+            return self.tree.subtree_root(first, level)
 
     def open(self) -> None:
         """Rebuild the in-memory tree from the stored leaf hashes."""
@@ -244,8 +392,18 @@ class Ledger:
                 f"event {row.seq} is not yet covered by the signed tree of size {head.tree_size}",
                 hint="wait for the next checkpoint (a few seconds) and ask again",
             )
-        path = self.tree.inclusion_proof(int(row.seq), head.tree_size)
-        return int(row.seq), path, bytes(row.leaf_hash), bytes(row.canonical), head
+        seq = int(row.seq)
+        path = self.proof_path(seq, head.tree_size)
+        if row.state == "archived":
+            body = self.segment_events_of(seq).get(seq)
+            if body is None:
+                raise IntegrityError(
+                    f"archived event {seq} is missing from its segment",
+                    hint="run Verify (gantry audit verify) to see what was altered",
+                )
+        else:  # live, or purged: then empty, and the leaf hash alone still proves the place
+            body = bytes(row.canonical) if row.state == "live" else b""
+        return seq, path, bytes(row.leaf_hash), body, head
 
     def consistency(self, first: int, second: int = 0) -> tuple[list[bytes], TreeHead, TreeHead]:
         """A consistency proof between two signed tree heads (``second`` 0 = the latest)."""
@@ -259,31 +417,150 @@ class Ledger:
             raise InvalidInput(f"first size {first} is larger than second size {b.tree_size}")
         return self.tree.consistency_proof(a.tree_size, b.tree_size), a, b
 
+    # -- archived segments ----------------------------------------------------------------
+
+    def require_objects(self, what: str) -> ObjectStore:
+        """The object store, or a Conflict saying that ``what`` needs one."""
+        if self.objects is None:
+            raise Conflict(
+                f"cannot {what}: this audit log has no object store for archived segments",
+                hint="configure the audit service's object store (GANTRY_STORAGE__*) and pass "
+                "it to the Ledger (objects=...)",
+            )
+        return self.objects
+
+    def segments(self) -> list[Segment]:
+        """Every archived segment, in log order."""
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(sa.select(segments).order_by(segments.c.first_seq)).all()
+        return [Segment.from_row(r) for r in rows]
+
+    def segment(self, first_seq: int) -> Segment:
+        """The archived segment that starts at event ``first_seq``."""
+        with self.store.engine.connect() as conn:
+            row = conn.execute(sa.select(segments).where(segments.c.first_seq == first_seq)).first()
+        if row is None:
+            raise NotFound(
+                "audit segment",
+                str(first_seq),
+                hint="segments start at a multiple of their size; list them with "
+                "`gantry audit segments list`",
+            )
+        return Segment.from_row(row)
+
+    def read_segment(self, segment: Segment) -> SegmentObject:
+        """Fetch and decode a segment's object, uncached, checking that it is the object that
+        was archived (its SHA-256) and holds exactly the segment's events.
+
+        Raises ObjectNotFound when the object is gone, IntegrityError when it was altered.
+        """
+        objects = self.require_objects("read archived audit events")
+        if not segment.object_name:
+            raise ObjectNotFound(
+                f"audit segment {segment.first_seq}",
+                hint="every event of the segment was purged, so its object was deleted",
+            )
+        raw = bytes(objects.get(segment.object_name))
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != segment.sha256:
+            raise IntegrityError(
+                f"segment object {segment.object_name} has SHA-256 {digest}, but "
+                f"{segment.sha256} was archived",
+                hint="the object was replaced or altered; restore it from a backup",
+            )
+        found = parse_segment(raw)
+        seqs = [line.seq for line in found.lines]
+        if seqs != list(range(segment.first_seq, segment.end_seq)):
+            raise IntegrityError(
+                f"segment object {segment.object_name} does not hold exactly the events "
+                f"{segment.first_seq}..{segment.end_seq - 1}"
+            )
+        return found
+
+    def segment_events(self, first_seq: int) -> list[tuple[int, bytes | None]]:
+        """(seq, canonical bytes) of every event of the segment at ``first_seq`` (None for an
+        event purged before it was archived); recently read segments are cached."""
+        return sorted(self._segment_bytes(self.segment(first_seq)).items())
+
+    def segment_events_of(self, seq: int) -> dict[int, bytes | None]:
+        """The events (seq -> bytes) of the archived segment holding event ``seq`` (cached)."""
+        with self.store.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(segments).where(segments.c.first_seq <= seq, segments.c.end_seq > seq)
+            ).first()
+        if row is None:
+            raise IntegrityError(
+                f"event {seq} is marked archived but no segment covers it",
+                hint="run Verify (gantry audit verify) to see what was altered",
+            )
+        return self._segment_bytes(Segment.from_row(row))
+
+    def forget_segments(self) -> None:
+        """Drop the segment cache (after segment objects were deleted)."""
+        with self._cache_lock:
+            self._cache.clear()
+
+    def _segment_bytes(self, segment: Segment) -> dict[int, bytes | None]:
+        key = (segment.first_seq, segment.sha256)
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        found = {line.seq: line.canonical for line in self.read_segment(segment).lines}
+        if self._cache_size:
+            with self._cache_lock:
+                self._cache[key] = found
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        return found
+
+    def events(self, since_ms: int, until_ms: int, below_seq: int) -> Iterator[StoredEvent]:
+        """Events with ``since_ms <= time < until_ms`` and ``seq < below_seq`` in seq order,
+        with their bytes: an archived event's are read from its segment, a purged event has
+        none (``canonical`` None). Raises IntegrityError when a segment is missing or altered.
+        """
+        index = _SegmentIndex(self.segments())
+        for event in self.store.live_events(since_ms, until_ms, below_seq):
+            if event.state == "archived":
+                segment = index.find(event.seq)
+                body = None if segment is None else self._segment_bytes(segment).get(event.seq)
+                if body is None:
+                    raise IntegrityError(
+                        f"archived event {event.seq} cannot be read from its segment",
+                        hint="run Verify (gantry audit verify) to see what was altered",
+                    )
+                event = StoredEvent(
+                    event.seq, event.event_id, event.type, event.actor, event.resource,
+                    event.action, event.decision, event.time_ms, event.state, body,
+                )  # fmt: skip
+            yield event
+
+    # -- verification ----------------------------------------------------------------------
+
     def verify(self, trust: TrustStore, *, max_problems: int = 100) -> VerifyReport:
-        """Recompute the log from the stored events and check every signed checkpoint."""
+        """Recompute the log from the stored events and check every signed checkpoint.
+
+        Archived events are read back from their segments, one segment at a time; a purged
+        event counts with its stored leaf hash when it carries the seal of the purge that
+        deleted it.
+        """
         report = VerifyReport()
         heads = {int(r.tree_size): r for r in self.store.all_checkpoints()}
         stream = StreamingRoot()
         expected = 0
         checked: set[int] = set()
         problems = report.problems
-        columns = ["seq", "position", "canonical", "leaf_hash", "seal", *SEALED_COLUMNS]
-        for row in self.store.iter_rows(columns):
+        archive = _SegmentStream(self, self.segments())
+        for row in self._verify_rows():
             seq = int(row[0])
             if seq != expected and len(problems) < max_problems:
                 problems.append(
                     Problem(expected, "deleted", f"events {expected}..{seq - 1} are missing")
                 )
-            leaf = leaf_hash(_as_bytes(row[2]))
-            if leaf != _as_bytes(row[3]):
-                if len(problems) < max_problems:
-                    problems.append(
-                        Problem(seq, "altered", "event bytes do not match their leaf hash")
-                    )
-            else:
-                problem = self._check_seal(seq, row[1], leaf, _as_bytes(row[4]), row[5:])
-                if problem is not None and len(problems) < max_problems:
-                    problems.append(problem)
+            leaf, problem = self._check_row(seq, row, archive)
+            if problem is not None and len(problems) < max_problems:
+                problems.append(problem)
             stream.add(leaf)
             expected = seq + 1
             report.events_checked += 1
@@ -316,6 +593,51 @@ class Ledger:
             )
         return report
 
+    def _verify_rows(self, chunk: int = 20_000) -> Iterator[Any]:
+        """(seq, position, canonical, leaf_hash, seal, state, purge_id, *sealed columns) of
+        every row in seq order, fetched in chunks."""
+        c = events.c
+        cols = [c.seq, c.position, c.canonical, c.leaf_hash, c.seal, c.state, purged.c.purge_id]
+        cols += [c[name] for name in SEALED_COLUMNS]
+        joined = events.outerjoin(purged, purged.c.seq == c.seq)
+        last = -1
+        while True:
+            stmt = sa.select(*cols).select_from(joined).where(c.seq > last).order_by(c.seq)
+            with self.store.engine.connect() as conn:
+                rows = conn.execute(stmt.limit(chunk)).all()
+            if not rows:
+                return
+            yield from rows
+            last = int(rows[-1][0])
+
+    def _check_row(
+        self, seq: int, row: Sequence[Any], archive: _SegmentStream
+    ) -> tuple[bytes, Problem | None]:
+        """The leaf hash that row ``seq`` adds to the tree, and what is wrong with it, if any."""
+        position, state, purge_id = row[1], row[5], row[6]
+        stored, seal = _as_bytes(row[3]), _as_bytes(row[4])
+        if state == "purged":
+            if purge_id is None:
+                return stored, Problem(seq, "altered", "the row is marked purged by no purge")
+            return stored, self._check_seal(
+                seq, position, stored, seal, purge_sealed(purge_id), "its purge seal"
+            )
+        sealed = sealed_columns(row[7:])
+        where = ""
+        if state == "archived":
+            body, problem = archive.bytes_of(seq)
+            if body is None:  # unreadable: carry on with the stored leaf, still sealed
+                return stored, problem or self._check_seal(seq, position, stored, seal, sealed)
+            where = f" in segment {archive.name}"
+        else:
+            body = _as_bytes(row[2])
+            if state != "live":
+                return leaf_hash(body), Problem(seq, "altered", f"unknown row state {state!r}")
+        leaf = leaf_hash(body)
+        if leaf != stored:
+            return leaf, Problem(seq, "altered", f"event bytes{where} do not match their leaf hash")
+        return leaf, self._check_seal(seq, position, leaf, seal, sealed)
+
     def _check_head(
         self, head: object, root: bytes | None, trust: TrustStore, report: VerifyReport
     ) -> None:
@@ -343,10 +665,15 @@ class Ledger:
             )
 
     def _check_seal(
-        self, seq: int, position: object, leaf: bytes, seal: bytes, columns: Sequence[object]
+        self,
+        seq: int,
+        position: object,
+        leaf: bytes,
+        seal: bytes,
+        sealed: bytes,
+        what: str = "its seal (event or indexed columns changed)",
     ) -> Problem | None:
         """None when the row carries the seal of its place, else what is wrong with it."""
-        sealed = sealed_columns(columns)
         if hmac.compare_digest(seal_of(self._seal_key, seq, leaf, sealed), seal):
             if position == seq:
                 return None
@@ -357,9 +684,73 @@ class Ledger:
             and hmac.compare_digest(seal_of(self._seal_key, position, leaf, sealed), seal)
         ):
             return Problem(seq, "reordered", f"this event belongs at index {position}")
-        return Problem(
-            seq, "altered", "the row does not carry its seal (event or indexed columns changed)"
-        )
+        return Problem(seq, "altered", f"the row does not carry {what}")
+
+
+class _SegmentIndex:
+    """Finds the archived segment holding a seq (segments do not overlap)."""
+
+    def __init__(self, found: Sequence[Segment]) -> None:
+        self._segments = sorted(found, key=lambda s: s.first_seq)
+        self._firsts = [s.first_seq for s in self._segments]
+
+    def find(self, seq: int) -> Segment | None:
+        i = bisect.bisect_right(self._firsts, seq) - 1
+        if i >= 0 and seq < self._segments[i].end_seq:
+            return self._segments[i]
+        return None
+
+
+class _SegmentStream:
+    """Archived events' bytes for a pass over the log in seq order: one segment in memory at a
+    time, read uncached; a segment that cannot be read is reported once."""
+
+    def __init__(self, ledger: Ledger, found: Sequence[Segment]) -> None:
+        self._ledger = ledger
+        self._index = _SegmentIndex(found)
+        self._current: Segment | None = None
+        self._events: dict[int, bytes | None] = {}
+        self._failure: Problem | None = None
+
+    @property
+    def name(self) -> str:
+        """The object name of the segment read last."""
+        return self._current.object_name if self._current else ""
+
+    def bytes_of(self, seq: int) -> tuple[bytes | None, Problem | None]:
+        """The bytes of archived event ``seq``, or None and (the first time) the problem."""
+        segment = self._index.find(seq)
+        if segment is None:
+            return None, Problem(
+                seq, "altered", "the row is marked archived but no segment holds it"
+            )
+        if segment is not self._current:
+            self._current, self._events, self._failure = segment, {}, None
+            try:
+                read = self._ledger.read_segment(segment)
+                self._events = {line.seq: line.canonical for line in read.lines}
+            except ObjectNotFound:
+                self._failure = Problem(
+                    seq,
+                    "deleted",
+                    f"segment object {segment.object_name or '(deleted after a purge)'} of "
+                    f"events {segment.first_seq}..{segment.end_seq - 1} is missing",
+                )
+                return None, self._failure
+            except IntegrityError as exc:
+                self._failure = Problem(
+                    seq,
+                    "altered",
+                    f"segment object {segment.object_name} of events {segment.first_seq}.."
+                    f"{segment.end_seq - 1} was altered: {exc.message}",
+                )
+                return None, self._failure
+        if self._failure is not None:
+            return None, None
+        body = self._events.get(seq)
+        if body is None:
+            return None, Problem(seq, "altered", f"the event is not in segment {self.name}")
+        return body, None
 
 
 def _as_bytes(value: object) -> bytes:
@@ -385,4 +776,19 @@ def query_event(actor: str, query: str, filters: dict[str, object], results: int
     )
 
 
-__all__ = ["SOURCE", "Ledger", "Problem", "VerifyReport", "query_event", "seal_of"]
+__all__ = [
+    "SEALED_COLUMNS",
+    "SEGMENT_FORMAT",
+    "SOURCE",
+    "Ledger",
+    "Problem",
+    "Segment",
+    "SegmentLine",
+    "SegmentObject",
+    "VerifyReport",
+    "parse_segment",
+    "purge_sealed",
+    "query_event",
+    "seal_of",
+    "sealed_columns",
+]

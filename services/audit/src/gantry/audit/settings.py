@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from gantry.audit.behaviour import AnomalySettings
 from gantry.core import CommonSettings
+from gantry.storage import StorageSettings
 
 
 class AuditOptions(BaseModel):
@@ -56,6 +57,19 @@ class AuditOptions(BaseModel):
     policy_file: Path | None = Field(
         default=None, description="RBAC policy YAML; default: the shipped policy."
     )
+    governance_addr: str = Field(
+        default="",
+        description="host:port of the governance service (data-subject reports); default: the "
+        "embedded platform's run file.",
+    )
+    token: SecretStr = Field(
+        default=SecretStr(""),
+        description="The service's own token (to ask governance for a data subject's findings "
+        "as the auditor asking); empty = issued here with the platform's key.",
+    )
+    call_timeout_s: float = Field(
+        default=30.0, gt=0, description="Timeout of one call to another service (30 s)."
+    )
     anomaly: AnomalySettings = Field(
         default_factory=AnomalySettings,
         description="Access-behaviour anomaly detection (GANTRY_AUDIT__ANOMALY__*).",
@@ -66,6 +80,11 @@ class AuditSettings(CommonSettings):
     """All settings of one audit-service process."""
 
     audit: AuditOptions = Field(default_factory=AuditOptions)
+    storage: StorageSettings = Field(
+        default_factory=StorageSettings,
+        description="The object store for archived log segments and compliance reports "
+        "(GANTRY_STORAGE__*, the same store as the other services').",
+    )
 
     @property
     def database_url(self) -> str:

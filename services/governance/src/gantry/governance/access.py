@@ -287,7 +287,7 @@ class Access:
         """Durably record one read (allowed or refused) as ``gantry.data.accessed``."""
         grant = permit.grant if permit else None
         with self.catalog.engine.begin() as conn:
-            record(
+            event = record(
                 conn,
                 "gantry.data.accessed",
                 DataAccessed(
@@ -316,6 +316,8 @@ class Access:
                     "job",
                     grant.job_id,
                     grant.created_ms,
+                    event_id=event.id,
+                    event_type=event.type,
                 )
 
 

@@ -18,7 +18,7 @@ import orjson
 import sqlalchemy as sa
 
 from gantry.core import AlreadyExists, Conflict, InvalidInput, NotFound
-from gantry.events.catalog import DatasetCreated, VersionCommitted
+from gantry.events.catalog import VERSION_COMMITTED, DatasetCreated, VersionCommitted
 from gantry.governance import store as db
 from gantry.governance.changes import record
 from gantry.governance.lineage import add_edge, dataset_node
@@ -90,6 +90,7 @@ class VersionRecord:
     id: str
     seq: int
     manifest: Manifest
+    event_id: str = ""  #: the gantry.data.version.committed event ("" when not known here)
 
 
 def _dataset(row: Any) -> DatasetRecord:
@@ -247,13 +248,56 @@ class Catalog:
             )  # fmt: skip
             if produced_by:
                 at = now_ms()
+                made_by = {"event_id": version.event_id, "event_type": VERSION_COMMITTED.type}
                 for name, vid in inputs:
                     add_edge(
-                        conn, "dataset_version", dataset_node(name, vid), "job", produced_by, at
-                    )
+                        conn, "dataset_version", dataset_node(name, vid), "job", produced_by, at,
+                        **made_by,
+                    )  # fmt: skip
                 new = dataset_node(dataset, version.id)
-                add_edge(conn, "job", produced_by, "dataset_version", new, at)
+                add_edge(conn, "job", produced_by, "dataset_version", new, at, **made_by)
             return version
+
+    def commit_in(
+        self,
+        conn: sa.Connection,
+        dataset: str,
+        shards: Sequence[ShardEntry],
+        *,
+        upload_ids: Sequence[str],
+        author: str,
+        message: str,
+        parent: str,
+        columns: list[dict[str, Any]] | None = None,
+        correlation_id: str | None = None,
+    ) -> VersionRecord:
+        """Commit ``shards`` as the dataset's next version inside ``conn``'s transaction.
+
+        For callers that assemble a version's content themselves (an erasure keeps most of the
+        head's shards and rewrites a few): ``upload_ids`` name the finished uploads that wrote
+        the new shards, which become committed; ``parent`` must still be the head. The version
+        row, shard index, head and event are written exactly as :meth:`commit` writes them.
+        """
+        ds = self.get_dataset(dataset, conn)
+        head = self._check_parent(ds, parent)
+        if not head:
+            raise Conflict(f"dataset {dataset!r} has no version to follow yet")
+        for upload_id in upload_ids:
+            self._upload_shards(conn, dataset, upload_id)  # finished and not expired
+        if upload_ids:
+            conn.execute(
+                db.uploads.update()
+                .where(db.uploads.c.id.in_(list(upload_ids)))
+                .values(state="committed")
+            )
+        return self._insert_version(
+            conn, ds, list(shards), author=author, message=message, columns=columns,
+            correlation_id=correlation_id,
+        )  # fmt: skip
+
+    def manifest(self, conn: sa.Connection, dataset: str, vid: str) -> Manifest:
+        """The manifest of version ``vid`` (a full id) of ``dataset``."""
+        return self._manifest(conn, dataset, vid)
 
     def rollback(
         self,
@@ -368,30 +412,9 @@ class Catalog:
                 f"dataset {ds.name!r} changed during the commit",
                 hint="commit again",
             )
-        conn.execute(
-            db.versions.insert().values(
-                id=vid,
-                dataset=ds.name,
-                seq=ds.versions + 1,
-                parents_json=orjson.dumps(list(manifest.parents)).decode(),
-                message=message,
-                author=author,
-                created_ms=manifest.created_ms,
-                rows=manifest.rows,
-                bytes=manifest.size,
-                rollback_of=rollback_of,
-                manifest=manifest.canonical(),
-            )
-        )
-        unique = sorted({s.id for s in shards})
-        if unique:
-            conn.execute(
-                db.version_shards.insert(),
-                [{"version_id": vid, "shard_id": s, "dataset": ds.name} for s in unique],
-            )
-        record(
+        event = record(
             conn,
-            "gantry.data.version.committed",
+            VERSION_COMMITTED.type,
             VersionCommitted(
                 dataset=ds.name,
                 version=vid,
@@ -406,7 +429,29 @@ class Catalog:
             subject=f"dataset/{ds.name}",
             correlation_id=correlation_id,
         )
-        return VersionRecord(vid, ds.versions + 1, manifest)
+        conn.execute(
+            db.versions.insert().values(
+                id=vid,
+                dataset=ds.name,
+                seq=ds.versions + 1,
+                parents_json=orjson.dumps(list(manifest.parents)).decode(),
+                message=message,
+                author=author,
+                created_ms=manifest.created_ms,
+                rows=manifest.rows,
+                bytes=manifest.size,
+                rollback_of=rollback_of,
+                manifest=manifest.canonical(),
+                event_id=event.id,
+            )
+        )
+        unique = sorted({s.id for s in shards})
+        if unique:
+            conn.execute(
+                db.version_shards.insert(),
+                [{"version_id": vid, "shard_id": s, "dataset": ds.name} for s in unique],
+            )
+        return VersionRecord(vid, ds.versions + 1, manifest, event.id)
 
     def log(self, dataset: str, limit: int = 50) -> list[VersionRecord]:
         """The newest ``limit`` versions, newest first."""

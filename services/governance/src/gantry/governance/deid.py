@@ -237,12 +237,15 @@ class _Hmac:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
 
-    def hexdigest(self, message: bytes) -> str:
+    def digest(self, message: bytes) -> bytes:
         inner = self._inner.copy()
         inner.update(message)
         outer = self._outer.copy()
         outer.update(inner.digest())
-        return outer.hexdigest()
+        return outer.digest()
+
+    def hexdigest(self, message: bytes) -> str:
+        return self.digest(message).hex()
 
 
 def _canonical(arr: pa.Array, kind: ColumnType) -> list[bytes | None]:
@@ -252,6 +255,37 @@ def _canonical(arr: pa.Array, kind: ColumnType) -> list[bytes | None]:
     if kind != ColumnType.STRING:
         arr = pc.cast(arr, pa.string())
     return [None if v is None else v.encode() for v in arr.to_pylist()]
+
+
+#: Bytes of a keyed digest: the 128 bits whose hex form the ``hash`` transform shows.
+DIGEST_BYTES = 16
+
+
+class KeyedDigests:
+    """The ``hash`` transform's values as raw bytes, for indexing and matching data subjects.
+
+    A value's digest is the first :data:`DIGEST_BYTES` bytes of HMAC-SHA256 under the dataset's
+    hash key over the value's canonical bytes (text as UTF-8, binary as is, numbers, dates and
+    booleans as their text form), so ``digest.hex()`` is exactly what the de-identified view
+    shows for the value.
+    """
+
+    def __init__(self, keys: DeidKeys) -> None:
+        self._mac = _Hmac(keys.hash_key)
+
+    def of(self, canonical: bytes) -> bytes:
+        """The digest of one value's canonical bytes."""
+        return self._mac.digest(canonical)[:DIGEST_BYTES]
+
+    def distinct(
+        self, column: pa.ChunkedArray | pa.Array, kind: ColumnType
+    ) -> tuple[list[bytes], pa.Array]:
+        """The digest of each distinct non-null value of ``column``, and for each row the index
+        of its value in that list (null for a null)."""
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        encoded = pc.dictionary_encode(arr)
+        values = _canonical(encoded.dictionary, kind)
+        return [self.of(v if v is not None else b"") for v in values], encoded.indices
 
 
 def _per_distinct(column: pa.ChunkedArray, kind: ColumnType, fn: Callable[[bytes], str]) -> Any:
@@ -437,8 +471,10 @@ def rules_to_pb(rules: Iterable[ColumnRule]) -> list[pb.ColumnRule]:
 
 __all__ = [
     "DEFAULT_POLICY",
+    "DIGEST_BYTES",
     "ColumnRule",
     "DeidKeys",
+    "KeyedDigests",
     "Transform",
     "View",
     "ViewPolicy",

@@ -2,7 +2,9 @@
 
 Edges are added when a job reads a version through its grant and when a model version is
 registered with the job that produced it (or the versions it was trained on). Node ids are
-``<dataset>@<version>`` for dataset versions, the job id, and ``<model>:<n>`` for models.
+``<dataset>@<version>`` for dataset versions, the job id, and ``<model>:<n>`` for models. Each
+edge keeps the id and type of the event written in the transaction that made it, so the audit
+can prove it by that one event.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Edge:
     to_kind: str
     to_id: str
     time_ms: int
+    event_id: str = ""  #: the event that made the edge ("" for edges made before schema 4)
+    event_type: str = ""
 
 
 def dataset_node(dataset: str, version: str) -> str:
@@ -41,9 +45,20 @@ def model_node(name: str, version: int) -> str:
 
 
 def add_edge(
-    conn: sa.Connection, from_kind: Kind, from_id: str, to_kind: Kind, to_id: str, time_ms: int
+    conn: sa.Connection,
+    from_kind: Kind,
+    from_id: str,
+    to_kind: Kind,
+    to_id: str,
+    time_ms: int,
+    *,
+    event_id: str = "",
+    event_type: str = "",
 ) -> None:
-    """Record an edge in ``conn``'s transaction (recording it again changes nothing)."""
+    """Record an edge in ``conn``'s transaction (recording it again changes nothing).
+
+    ``event_id`` and ``event_type`` name the event written in the same transaction whose
+    handling made the edge; the first recording keeps its event."""
     exists = conn.execute(
         sa.select(db.lineage.c.time_ms).where(
             db.lineage.c.from_kind == from_kind,
@@ -55,9 +70,29 @@ def add_edge(
     if exists is None:
         conn.execute(
             db.lineage.insert().values(
-                from_kind=from_kind, from_id=from_id, to_kind=to_kind, to_id=to_id, time_ms=time_ms
+                from_kind=from_kind,
+                from_id=from_id,
+                to_kind=to_kind,
+                to_id=to_id,
+                time_ms=time_ms,
+                event_id=event_id,
+                event_type=event_type,
             )
         )
+
+
+def edge(row: sa.Row[tuple[object, ...]]) -> Edge:
+    """An edge from a row of the lineage table."""
+    m = row._mapping
+    return Edge(
+        str(m["from_kind"]),
+        str(m["from_id"]),
+        str(m["to_kind"]),
+        str(m["to_id"]),
+        int(str(m["time_ms"])),
+        str(m["event_id"] or ""),
+        str(m["event_type"] or ""),
+    )
 
 
 def model_nodes(edges: Iterable[Edge]) -> list[str]:
@@ -135,11 +170,17 @@ class Lineage:
                 where = sa.and_(t.c.from_kind == kind, t.c.from_id == node)
             else:
                 where = sa.and_(t.c.to_kind == kind, t.c.to_id == node)
-            out.extend(
-                Edge(r.from_kind, r.from_id, r.to_kind, r.to_id, r.time_ms)
-                for r in conn.execute(sa.select(t).where(where)).all()
-            )
+            out.extend(edge(r) for r in conn.execute(sa.select(t).where(where)).all())
         return out
 
 
-__all__ = ["Edge", "Kind", "Lineage", "add_edge", "dataset_node", "model_node", "model_nodes"]
+__all__ = [
+    "Edge",
+    "Kind",
+    "Lineage",
+    "add_edge",
+    "dataset_node",
+    "edge",
+    "model_node",
+    "model_nodes",
+]

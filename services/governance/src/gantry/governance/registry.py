@@ -224,16 +224,7 @@ class Registry:
                     code_version=meta.code_version,
                 )
             )
-            node = model_node(meta.name, version)
-            if meta.job_id:
-                add_edge(conn, "job", meta.job_id, "model_version", node, created)
-            for d, v in meta.trained_on:
-                source = dataset_node(d, v)
-                if meta.job_id:
-                    add_edge(conn, "dataset_version", source, "job", meta.job_id, created)
-                else:
-                    add_edge(conn, "dataset_version", source, "model_version", node, created)
-            record(
+            event = record(
                 conn,
                 "gantry.model.registered",
                 ModelRegistered(
@@ -251,6 +242,20 @@ class Registry:
                 subject=f"model/{meta.name}",
                 correlation_id=correlation_id,
             )
+            node = model_node(meta.name, version)
+            made_by = {"event_id": event.id, "event_type": event.type}
+            if meta.job_id:
+                add_edge(conn, "job", meta.job_id, "model_version", node, created, **made_by)
+            for d, v in meta.trained_on:
+                source = dataset_node(d, v)
+                if meta.job_id:
+                    add_edge(
+                        conn, "dataset_version", source, "job", meta.job_id, created, **made_by
+                    )
+                else:
+                    add_edge(
+                        conn, "dataset_version", source, "model_version", node, created, **made_by
+                    )
         return self.get(meta.name, version)
 
     def list(self, name: str = "") -> list[ModelRecord]:

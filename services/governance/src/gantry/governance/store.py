@@ -2,8 +2,9 @@
 
 Content (shards, files, models, per-dataset secrets) lives encrypted in the object store; this
 database holds what points at it: datasets, immutable versions and their manifests, uploads in
-progress, view policies, grants, lineage edges and the model registry, plus the outbox that
-carries each change's event out in the same transaction.
+progress, view policies, grants, lineage edges and the model registry, the subject index (keyed
+digests of pii values, never the values) and erasures, plus the outbox that carries each
+change's event out in the same transaction.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ versions = sa.Table(
     sa.Column("bytes", sa.BigInteger, nullable=False),
     sa.Column("rollback_of", sa.String(64), nullable=False, default=""),
     sa.Column("manifest", sa.LargeBinary, nullable=False),
+    # schema 4: the gantry.data.version.committed event written with the version ("" before)
+    sa.Column("event_id", sa.String(64), nullable=False, default="", server_default=""),
     sa.UniqueConstraint("dataset", "seq", name="uq_gov_versions_seq"),
 )
 
@@ -128,6 +131,10 @@ lineage = sa.Table(
     sa.Column("to_kind", sa.String(32), primary_key=True),
     sa.Column("to_id", sa.String(256), primary_key=True),
     sa.Column("time_ms", sa.BigInteger, nullable=False),
+    # schema 4: the event whose handling made the edge (data.accessed, model.registered,
+    # data.version.committed); "" for edges made before
+    sa.Column("event_id", sa.String(64), nullable=False, default="", server_default=""),
+    sa.Column("event_type", sa.String(64), nullable=False, default="", server_default=""),
     sa.Index("ix_gov_lineage_to", "to_kind", "to_id"),
 )
 
@@ -151,6 +158,49 @@ models = sa.Table(
     sa.Column("code_version", sa.String(256), nullable=False, default="", server_default=""),
 )
 
+# schema 4: data subjects. For each table shard, the keyed digest (16 bytes of HMAC-SHA256 under
+# the dataset's hash key) of every distinct pii value, the pii columns it is in and the rows
+# holding it; shards listed in gov_indexed_shards are fully indexed.
+subject_index = sa.Table(
+    "gov_subject_index",
+    metadata,
+    sa.Column("dataset", sa.String(64), primary_key=True),
+    sa.Column("shard_id", sa.String(64), primary_key=True),
+    sa.Column("digest", sa.LargeBinary(16), primary_key=True),
+    sa.Column("columns", sa.Text, nullable=False),  # comma-separated pii column names
+    sa.Column("rows", sa.BigInteger, nullable=False),
+    sa.Index("ix_gov_subject_index_digest", "dataset", "digest"),
+)
+
+indexed_shards = sa.Table(
+    "gov_indexed_shards",
+    metadata,
+    sa.Column("dataset", sa.String(64), primary_key=True),
+    sa.Column("shard_id", sa.String(64), primary_key=True),
+    sa.Column("indexed_ms", sa.BigInteger, nullable=False),
+)
+
+erasures = sa.Table(
+    "gov_erasures",
+    metadata,
+    sa.Column("erasure_id", sa.String(64), primary_key=True),
+    sa.Column("subject_ref", sa.String(64), nullable=False),
+    sa.Column("requested_by", sa.String(256), nullable=False),
+    sa.Column("requested_ms", sa.BigInteger, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("result_json", sa.Text, nullable=False),
+    sa.Index("ix_gov_erasures_subject", "subject_ref"),
+    sa.Index("ix_gov_erasures_requested", "requested_ms"),
+)
+
+erasure_digests = sa.Table(
+    "gov_erasure_digests",
+    metadata,
+    sa.Column("dataset", sa.String(64), primary_key=True),
+    sa.Column("digest", sa.LargeBinary(16), primary_key=True),
+    sa.Column("erasure_id", sa.String(64), primary_key=True),
+)
+
 schema_version = sa.Table(
     "gov_schema_version",
     metadata,
@@ -160,7 +210,7 @@ schema_version = sa.Table(
 outbox = outbox_table(metadata, "gov_outbox")
 inbox = inbox_table(metadata, "gov_inbox")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _migrate_v1(conn: sa.Connection) -> None:
@@ -178,7 +228,17 @@ def _migrate_v3(conn: sa.Connection) -> None:
     add_column(conn, scheduled_jobs.c.output_dataset)
 
 
-MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
+def _migrate_v4(conn: sa.Connection) -> None:
+    """Versions and lineage edges name their event; the subject index and erasures."""
+    add_column(conn, versions.c.event_id)
+    add_column(conn, lineage.c.event_id)
+    add_column(conn, lineage.c.event_type)
+    metadata.create_all(
+        conn, tables=[subject_index, indexed_shards, erasures, erasure_digests], checkfirst=True
+    )
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3, 4: _migrate_v4}
 
 
 def connect(url: str) -> sa.Engine:
@@ -194,8 +254,11 @@ def migrate(engine: sa.Engine) -> int:
 __all__ = [
     "connect",
     "datasets",
+    "erasure_digests",
+    "erasures",
     "grants",
     "inbox",
+    "indexed_shards",
     "lineage",
     "metadata",
     "migrate",
@@ -203,6 +266,7 @@ __all__ = [
     "outbox",
     "policies",
     "scheduled_jobs",
+    "subject_index",
     "upload_shards",
     "uploads",
     "version_shards",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,25 +26,34 @@ _MAX_MESSAGE_BYTES = 256 << 20
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """One finished shard: a complete Parquet file, its row count and its sha256 (hex)."""
+    """One finished shard: a complete Parquet file, its row count and its sha256 (hex); the
+    rows themselves ride along in ``table`` (for indexing) when the writer made it."""
 
     data: bytes
     rows: int
     digest: str
+    table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, data: bytes, rows: int) -> Shard:
+    def of(cls, data: bytes, rows: int, table: pa.Table | None = None) -> Shard:
         """A shard of ``data`` holding ``rows`` rows, its digest computed."""
-        return cls(data=data, rows=rows, digest=hashlib.sha256(data).hexdigest())
+        return cls(data=data, rows=rows, digest=hashlib.sha256(data).hexdigest(), table=table)
+
+
+#: Takes conformed rows and returns those to keep (e.g. without an erased subject's rows).
+RowFilter = Callable[[pa.RecordBatch], pa.RecordBatch]
 
 
 class ShardWriter:
     """Cuts a dataset's rows into zstd Parquet shards of about ``shard_bytes`` (in memory) each.
 
-    Rows keep their order across shards: concatenating the shards gives back the rows added.
+    Rows keep their order across shards: concatenating the shards gives back the rows added
+    (those ``row_filter`` keeps, when one is given).
     """
 
-    def __init__(self, schema: DatasetSchema, shard_bytes: int) -> None:
+    def __init__(
+        self, schema: DatasetSchema, shard_bytes: int, *, row_filter: RowFilter | None = None
+    ) -> None:
         if shard_bytes <= 0:
             raise InvalidInput(
                 f"shard size {shard_bytes} is not positive",
@@ -54,6 +64,7 @@ class ShardWriter:
         self._shard_bytes = shard_bytes
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
+        self._row_filter = row_filter
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> list[Shard]:
         """Add rows (checked with :func:`conform`); return the shards this completed, if any."""
@@ -61,7 +72,7 @@ class ShardWriter:
         pieces = conformed.to_batches() if isinstance(conformed, pa.Table) else [conformed]
         done: list[Shard] = []
         for piece in pieces:
-            rest = piece
+            rest = self._row_filter(piece) if self._row_filter is not None else piece
             while rest.num_rows:
                 room = self._shard_bytes - self._pending_bytes
                 if rest.nbytes < room:
@@ -86,7 +97,7 @@ class ShardWriter:
         self._pending_bytes = 0
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="zstd")
-        return Shard.of(sink.getvalue().to_pybytes(), table.num_rows)
+        return Shard.of(sink.getvalue().to_pybytes(), table.num_rows, table)
 
 
 def _body_length(meta: memoryview) -> int:
@@ -255,6 +266,7 @@ def ipc_to_table(data: bytes) -> pa.Table:
 
 __all__ = [
     "ArrowStreamDecoder",
+    "RowFilter",
     "Shard",
     "ShardWriter",
     "ipc_to_table",

@@ -11,8 +11,6 @@ policy change or a new version can never serve stale rows.
 
 from __future__ import annotations
 
-import base64
-import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ from gantry.events.catalog import ViewPolicyChanged
 from gantry.governance import store as db
 from gantry.governance.catalog import Catalog, DatasetRecord, columns_from_json, now_ms
 from gantry.governance.changes import record
+from gantry.governance.dataset_keys import DatasetKeys
 from gantry.governance.deid import (
     DEFAULT_POLICY,
     ColumnRule,
@@ -39,7 +38,7 @@ from gantry.governance.deid import (
 from gantry.governance.manifest import Manifest, ShardEntry
 from gantry.governance.schema import Column, ColumnClass, DatasetSchema
 from gantry.governance.tables import shard_to_table, table_to_ipc
-from gantry.storage import ObjectNotFound, ObjectStore
+from gantry.storage import ObjectStore
 
 #: Classes of files that the de-identified view may show (opaque files cannot be transformed).
 _SHAREABLE_FILES = (ColumnClass.PUBLIC, ColumnClass.INTERNAL)
@@ -89,34 +88,25 @@ class _Lru:
 class Views:
     """Policies, dataset secrets and view-applied reads."""
 
-    def __init__(self, catalog: Catalog, objects: ObjectStore, *, cache_bytes: int) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        objects: ObjectStore,
+        *,
+        cache_bytes: int,
+        keys: DatasetKeys | None = None,
+    ) -> None:
         self.catalog = catalog
         self.engine = catalog.engine
         self.objects = objects
         self._cache = _Lru(cache_bytes)
-        self._keys: dict[str, DeidKeys] = {}
-        self._keys_lock = threading.Lock()
+        self._keys = keys or DatasetKeys(objects)
 
     # ------------------------------------------------------------------ secrets
 
     def keys(self, dataset: str) -> DeidKeys:
         """The dataset's de-identification keys, created on first use."""
-        with self._keys_lock:
-            keys = self._keys.get(dataset)
-            if keys is not None:
-                return keys
-            name = f"datasets/{dataset}/secrets"
-            try:
-                doc = orjson.loads(self.objects.get(name))
-            except ObjectNotFound:
-                doc = {
-                    "hash_key": base64.b64encode(secrets.token_bytes(32)).decode(),
-                    "token_key": base64.b64encode(secrets.token_bytes(32)).decode(),
-                }
-                self.objects.put(name, orjson.dumps(doc), metadata={"kind": "dataset-secrets"})
-            keys = DeidKeys(base64.b64decode(doc["hash_key"]), base64.b64decode(doc["token_key"]))
-            self._keys[dataset] = keys
-            return keys
+        return self._keys.get(dataset)
 
     # ------------------------------------------------------------------ policies
 

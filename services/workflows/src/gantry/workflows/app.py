@@ -31,6 +31,7 @@ from gantry.security.tokens import ServiceToken
 from gantry.workflows import store
 from gantry.workflows.api import METHOD_RULES, SERVICE, SERVICE_NAME, WorkflowApi
 from gantry.workflows.controller import Controller
+from gantry.workflows.erasures import ErasureRuns
 from gantry.workflows.experimenter import Experimenter
 from gantry.workflows.intake import Intake
 from gantry.workflows.metrics import registry_for
@@ -92,6 +93,7 @@ class WorkflowService:
             self.engine, self.platform, settings.study_database_url, self.clock
         )
         self.controller.experimenter = self.experimenter
+        self.erasures = ErasureRuns(self.engine, self.registry, self.controller)
         self.sessions = Sessions(
             self.engine, self.platform, self.clock, sealer=Sealer(self.keyring.secret(KEY_NAME))
         )
@@ -128,6 +130,7 @@ class WorkflowService:
             bus,
             self.controller,
             self.experimenter,
+            self.erasures,
             publisher,
             verifier=self.keyring.trust(),
             ack_wait_s=o.ack_wait_s,

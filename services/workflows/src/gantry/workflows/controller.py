@@ -108,12 +108,15 @@ class Controller:
         caller: Caller,
         request_id: str = "",
         trigger: str = "manual",
+        reason: str = "",
+        cause: Mapping[str, str] | None = None,
     ) -> tuple[Run, bool]:
         """Start a run of pipeline ``name`` as ``caller``; (the run, whether it is a repeat of
-        ``request_id``)."""
+        ``request_id``). ``cause`` is kept in the run's parameters beside the declared ones
+        (``erasure.id``: not an identifier, so no ``${params...}`` can name it)."""
         record = self.registry.get(name)
         pipeline = record.pipeline
-        values = pipeline.run_params(params)
+        values = {**pipeline.run_params(params), **(cause or {})}
         with self._lock:
             if request_id:
                 with self.engine.connect() as conn:
@@ -131,6 +134,7 @@ class Controller:
                 trigger=trigger,
                 now_ms=now,
             )
+            run.reason = reason
             self._run_event(run, "")
             self._save(run, request_id=request_id or None)
             self._dirty.add(run.id)

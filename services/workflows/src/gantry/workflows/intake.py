@@ -1,11 +1,13 @@
 """Event consumers (handler): job state changes wake the runs they touch; evaluations feed
-the experiments' pruners.
+the experiments' pruners; erasures start the pipelines that retrain without the person.
 
 - JOBS ``gantry.job.state`` from the scheduler, read only to learn *which* run or experiment to
   look at; what a job became is then read from the scheduler itself (the controllers are
   level-triggered). A job nobody here knows is acknowledged and ignored.
 - METRICS ``gantry.metrics.job.evaluation`` from node agents: a trial's objective after an
   epoch, reported to its study's pruner (which may stop the trial there and then).
+- DATA ``gantry.data.subject.erased`` from governance: the runs of the pipelines with a
+  matching ``erasure`` trigger, once per erasure and pipeline (:mod:`gantry.workflows.erasures`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from gantry.events import (
     Publisher,
     require_source,
 )
-from gantry.events.catalog import JobEvaluation, JobStateChanged
+from gantry.events.catalog import JobEvaluation, JobStateChanged, SubjectErased
 from gantry.workflows.controller import Controller
+from gantry.workflows.erasures import CONSUMER as ERASURES_DURABLE
+from gantry.workflows.erasures import ErasureRuns
 from gantry.workflows.experimenter import Experimenter
 
 SCHEDULER_SOURCE = "gantry/scheduler"
 AGENT_SOURCE = "gantry/training-agent"
+GOVERNANCE_SOURCE = "gantry/governance"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -39,6 +44,7 @@ class Intake:
         bus: Bus,
         controller: Controller,
         experimenter: Experimenter,
+        erasures: ErasureRuns,
         publisher: Publisher,
         *,
         verifier: EventVerifier | None,
@@ -47,9 +53,11 @@ class Intake:
     ) -> None:
         self.controller = controller
         self.experimenter = experimenter
+        self.erasures = erasures
         self.wake = wake
         self.seen = 0
         self.evaluations = 0
+        self.erasure_runs = 0
 
         def runner(durable: str, stream: str, subject: str, handler: object) -> ConsumerRunner:
             return ConsumerRunner(
@@ -75,6 +83,7 @@ class Intake:
                 "gantry.metrics.job.evaluation",
                 self.evaluation,
             ),
+            runner(ERASURES_DURABLE, "DATA", "gantry.data.subject.erased", self.erasure),
         ]
 
     async def jobs(self, batch: Sequence[Delivery]) -> None:
@@ -100,6 +109,14 @@ class Intake:
             e = JobEvaluation.model_validate(delivery.event.data)
             if await asyncio.to_thread(self.experimenter.evaluation, e.job_id, e.epoch, e.metrics):
                 self.evaluations += 1
+
+    async def erasure(self, batch: Sequence[Delivery]) -> None:
+        """Start the runs each erasure asks for (once per erasure and pipeline)."""
+        for delivery in batch:
+            require_source(delivery, (GOVERNANCE_SOURCE,), consumer="workflows")
+            erasure = SubjectErased.model_validate(delivery.event.data)
+            started = await asyncio.to_thread(self.erasures.erased, delivery.event.id, erasure)
+            self.erasure_runs += sum(1 for _, repeat in started if not repeat)
 
     async def run(self) -> None:
         await asyncio.gather(*(r.run() for r in self.runners))

@@ -15,8 +15,9 @@ A step runs once the steps it ``dependsOn`` and the steps it refers to have succ
 ``gate`` (a metric against ``atLeast``/``atMost``) decides whether it runs at all: a closed
 gate skips the step and everything after it, and says why. Everything is checked when the
 pipeline is submitted — unknown fields, unknown steps, cycles, references to outputs a step
-cannot have, parameters nobody declared, each step's job spec as the scheduler would check it
-— and every problem is reported at once with where it is.
+cannot have, parameters nobody declared, each step's job spec as the scheduler would check it,
+the ``spec.triggers`` that start runs by themselves (:mod:`gantry.workflows.triggers`) — and
+every problem is reported at once with where it is.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from gantry.workflows.references import (
     references_in,
     substitute,
 )
+from gantry.workflows.triggers import MAX_TRIGGERS, Trigger, trigger_problems
 
 KINDS = ("Pipeline", "CronPipeline")
 STEP_KINDS = ("train", "data", "evaluate", "deploy", "experiment")
@@ -170,13 +172,15 @@ class Schedule(_Model):
 
 
 class PipelineSpec(_Model):
-    """Steps, parameters, defaults for the steps' jobs and (CronPipeline) the schedule."""
+    """Steps, parameters, defaults for the steps' jobs, (CronPipeline) the schedule and the
+    events that start a run by themselves (:mod:`gantry.workflows.triggers`)."""
 
     queue: str = Field(default="default", pattern=NAME_PATTERN)
     priority: int | str = "normal"
     params: dict[str, Scalar] = Field(default_factory=dict)
     steps: tuple[Step, ...] = Field(min_length=1, max_length=MAX_STEPS)
     schedule: Schedule | None = None
+    triggers: tuple[Trigger, ...] = Field(default=(), max_length=MAX_TRIGGERS)
 
 
 class PipelineDoc(_Model):
@@ -212,6 +216,10 @@ class Pipeline:
     @property
     def params(self) -> Mapping[str, Scalar]:
         return self.doc.spec.params
+
+    @property
+    def triggers(self) -> tuple[Trigger, ...]:
+        return self.doc.spec.triggers
 
     def step(self, name: str) -> Step:
         for step in self.doc.spec.steps:
@@ -345,6 +353,7 @@ def _check_kind(doc: PipelineDoc, problems: list[str]) -> None:
             problems.append(f"spec.params.{key}: a parameter name is letters, digits and '_'")
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(f"spec.params.{key}: {value} is not a finite number")
+    problems.extend(trigger_problems(doc.spec.triggers, doc.spec.params))
 
 
 def _check_steps(doc: PipelineDoc, problems: list[str]) -> None:
@@ -610,6 +619,7 @@ __all__ = [
     "PipelineDoc",
     "Schedule",
     "Step",
+    "Trigger",
     "fire_date",
     "job_document",
     "job_name",

@@ -61,6 +61,11 @@ def parse_reference(text: str) -> Reference:
         return Reference(text, "run", text.removeprefix("run."))
     if m := _TRIAL_REF.match(text):
         return Reference(text, "trial", m.group(1))
+    if text.startswith("erasure."):
+        raise InvalidInput(
+            f"${{{text}}} is only known in an erasure trigger's params: map it to a parameter "
+            "there (spec.triggers[].erasure.params) and write ${params.<name>} here"
+        )
     raise InvalidInput(
         f"${{{text}}} is not a reference Gantry knows",
         hint="write ${params.<name>}, ${steps.<step>.outputs.<output>}, ${run.id}, "

@@ -5,7 +5,9 @@ The filter options shared by ``query`` and ``export`` are defined once below. ``
 ``proof`` (the commands that check signatures and Merkle proofs locally) live in
 :mod:`gantry.client.cli._audit_verify` and are registered on :data:`audit_app` after ``report``;
 the ``anomalies`` group (list, show, ack, dismiss) lives in
-:mod:`gantry.client.cli._audit_anomalies` and is added after them.
+:mod:`gantry.client.cli._audit_anomalies` and is added after them, then ``subject``
+(:mod:`~gantry.client.cli._audit_subjects`), ``reports`` (:mod:`~gantry.client.cli._audit_reports`)
+and retention, holds, archive, segments and purge (:mod:`~gantry.client.cli._audit_retention`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from rich.progress import (
 from rich.table import Table
 
 from gantry.client.cli._audit_anomalies import anomalies_app
+from gantry.client.cli._audit_reports import reports_app
+from gantry.client.cli._audit_retention import register as register_retention
+from gantry.client.cli._audit_subjects import subject_app
 from gantry.client.cli._audit_verify import audit_proof, audit_verify
 from gantry.client.cli._common import (
     DataDirOpt,
@@ -306,3 +311,6 @@ def access_table(report: Any) -> Table:
 audit_app.command("verify")(audit_verify)
 audit_app.command("proof")(audit_proof)
 audit_app.add_typer(anomalies_app, name="anomalies")
+audit_app.add_typer(subject_app, name="subject")
+audit_app.add_typer(reports_app, name="reports")
+register_retention(audit_app)

@@ -287,11 +287,14 @@ class UploadResponse(_message.Message):
     BYTES_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
+    ROWS_ERASED_FIELD_NUMBER: _builtins.int
     upload_id: _builtins.str
     rows: _builtins.int
     bytes: _builtins.int
     shards: _builtins.int
     files: _builtins.int
+    rows_erased: _builtins.int
+    """rows dropped because their pii values belong to an erased subject"""
     def __init__(
         self,
         *,
@@ -300,10 +303,11 @@ class UploadResponse(_message.Message):
         bytes: _builtins.int = ...,
         shards: _builtins.int = ...,
         files: _builtins.int = ...,
+        rows_erased: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "files", b"files", "rows", b"rows", "shards", b"shards", "upload_id", b"upload_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "files", b"files", "rows", b"rows", "rows_erased", b"rows_erased", "shards", b"shards", "upload_id", b"upload_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

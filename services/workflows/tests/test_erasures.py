@@ -32,13 +32,10 @@ def retraining(
     doc = yaml.safe_load(CHURN)
     doc["metadata"]["name"] = name
     doc["spec"]["params"]["erasure"] = ""
-    trigger = erasure if erasure is not None else {"datasets": ["churn"]}
-    trigger.setdefault(
-        "params",
-        params
-        if params is not None
-        else {"source": "${erasure.version.churn}", "erasure": "${erasure.id}", "epochs": 5},
-    )
+    trigger: dict[str, Any] = dict(erasure) if erasure is not None else {"datasets": ["churn"]}
+    if params is None:
+        params = {"source": "${erasure.version.churn}", "erasure": "${erasure.id}", "epochs": 5}
+    trigger.setdefault("params", params)
     doc["spec"]["triggers"] = [{"erasure": trigger}]
     return yaml.safe_dump(doc, sort_keys=False)
 

@@ -150,11 +150,12 @@ class UploadResult:
     bytes: int
     shards: int
     files: int = 0
+    rows_erased: int = 0  #: rows dropped: they hold a data subject erased from the dataset
 
     @classmethod
     def from_pb(cls, m: pb.UploadResponse) -> UploadResult:
         """From the protocol message."""
-        return cls(m.upload_id, m.rows, m.bytes, m.shards, m.files)
+        return cls(m.upload_id, m.rows, m.bytes, m.shards, m.files, m.rows_erased)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
    audited, and the audit service's behaviour model raises a ``denial_storm`` anomaly with its
    reason; the compliance officer (``demo-auditor``) acknowledges it.
 2. A data subject asks what Gantry holds about them (GDPR art. 15): the officer's report for
-   ``customer42@example.com`` names every dataset version holding that e-mail (matched through
+   ``customer200042@example.com`` names every dataset version holding that e-mail (matched through
    the keyed hashes of the de-identified view, never in clear), the jobs that read them and the
    models they produced, each proven by an audit entry with its inclusion proof; the signed
    report is checked here, offline, against the audit service's key.
@@ -40,7 +40,7 @@ from gantry.core import IntegrityError, Unavailable
 from gantry.security.keys import TrustStore
 
 AUDITOR = "demo-auditor"
-SUBJECT = "customer42@example.com"
+SUBJECT = "customer200042@example.com"
 #: Raw reads the developer tries; the default storm is 8 denials within 5 minutes.
 TRIES = 9
 WAIT_S = 30.0
@@ -139,7 +139,7 @@ def compliance_story(
             summary.subject_report = path
         console.print(subject_table(doc))
         with step("compliance report of this run generated, signed, verified and downloaded"):
-            now_ms = int(time.time() * 1000) + 1
+            now_ms = int(time.time() * 1000)
             report = audit.generate_report("custom", since_ms=since_ms, until_ms=now_ms)
             result = audit.verify_report(report_id=report.report_id)
             if not result.ok:

@@ -37,6 +37,7 @@ from gantry.client._records import (
     Version,
     ViewPolicy,
 )
+from gantry.client._subject_records import Erasure, SubjectFindings, SubjectLink, SubjectVersion
 from gantry.client.model_registry import ModelsClient, ModelVersion
 from gantry.client.specs import FORMATS, VIEWS, ColumnRule, ColumnSpec, VersionRef
 from gantry.client.tables import (
@@ -453,6 +454,38 @@ class DataClient(GovernanceConnection):
         )
         return [LineageEdge.from_pb(e) for e in self._call("GetLineage", request).edges]
 
+    # ------------------------------------------------------------------ data subjects
+
+    def find_subject(self, identifier: str) -> SubjectFindings:
+        """Every dataset version holding ``identifier`` in a pii column, the jobs that read
+        them and the model versions made from them, and the erasures made for the person.
+
+        The identifier is matched as stored, surrounding whitespace aside (e-mail addresses
+        are case-sensitive). Auditors (and platform admins) only.
+        """
+        _check_identifier(identifier)
+        request = pb.FindSubjectRequest(identifier=identifier)
+        return SubjectFindings.from_pb(self._call("FindSubject", request))
+
+    def erase_subject(self, identifier: str, reason: str, dry_run: bool = False) -> Erasure:
+        """Commit new versions of the datasets whose head holds ``identifier``, without those
+        rows; later uploads drop them too. ``dry_run`` says what would change and changes
+        nothing. Old versions stay as they are; the answer names the models to retrain."""
+        _check_identifier(identifier)
+        if not reason.strip():
+            raise InvalidInput(
+                "an erasure needs a reason", hint="say why, e.g. the request's ticket"
+            )
+        request = pb.EraseSubjectRequest(identifier=identifier, reason=reason, dry_run=dry_run)
+        return Erasure.from_pb(self._call("EraseSubject", request))
+
+    def erasures(self, limit: int = 0) -> list[Erasure]:
+        """Erasures made, newest first; at most ``limit`` (0: the service default, 50)."""
+        if limit < 0:
+            raise InvalidInput(f"limit must be 0 or more, not {limit}")
+        reply = self._call("ListErasures", pb.ListErasuresRequest(limit=limit))
+        return [Erasure.from_pb(e) for e in reply.erasures]
+
 
 class GovernanceClient(DataClient, ModelsClient):
     """The whole governance API, datasets and models, over one channel."""
@@ -492,6 +525,13 @@ def _joined(shard: str, parts: list[pa.Table]) -> pa.Table:
         raise IntegrityError(f"shard {shard}: its parts do not share a schema: {exc}") from None
 
 
+def _check_identifier(identifier: str) -> None:
+    if not identifier.strip():
+        raise InvalidInput(
+            "no identifier given", hint="give the person's e-mail, customer id or other pii value"
+        )
+
+
 def _check_view(view: str) -> None:
     if view not in VIEWS:
         raise InvalidInput(f"unknown view {view!r}", hint="use 'raw' or 'deidentified'")
@@ -517,6 +557,7 @@ __all__ = [
     "DataClient",
     "Dataset",
     "Diff",
+    "Erasure",
     "GovernanceClient",
     "Grant",
     "LineageEdge",
@@ -524,6 +565,9 @@ __all__ = [
     "ModelsClient",
     "Shard",
     "ShardList",
+    "SubjectFindings",
+    "SubjectLink",
+    "SubjectVersion",
     "UploadResult",
     "Version",
     "VersionRef",

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         from gantry.audit.store import Store, connect, migrate
         from gantry.core import ConfigError
         from gantry.security.keyring import Keyring
+        from gantry.storage import open_store
 
         engine = connect(settings.database_url)
         if args.command == "migrate":
@@ -51,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                 hint="check GANTRY_DATA_DIR / GANTRY_AUDIT__DATABASE_URL",
             )
         ledger = Ledger(
-            store, seal_key=keyring.secret("audit-seal"), signer=keyring.service_key("audit")
+            store,
+            seal_key=keyring.secret("audit-seal"),
+            signer=keyring.service_key("audit"),
+            objects=open_store(settings.storage, data_dir=settings.data_dir),
         )
         report = ledger.verify(keyring.tree_head_trust())
         for p in report.problems:

@@ -12,8 +12,11 @@ from typing import Any
 import grpc
 
 from gantry.audit.anomalies import AnomalyRecord, AnomalyWatch
+from gantry.audit.archive import Archiver
 from gantry.audit.compliance_api import COMPLIANCE_RULES, ComplianceApi
 from gantry.audit.ledger import Ledger
+from gantry.audit.reports import Reports
+from gantry.audit.retention import Retention
 from gantry.audit.store import RecordFilter
 from gantry.audit.subject_reports import SubjectReports
 from gantry.core import GantryError, InvalidInput, Unavailable
@@ -66,8 +69,8 @@ def filter_from_pb(f: pb.EventFilter) -> RecordFilter:
     )
 
 
-def record_pb(row: Any) -> pb.AuditRecord:
-    """One stored row as a message."""
+def record_pb(row: Any, event_json: bytes) -> pb.AuditRecord:
+    """One stored row as a message, with its event bytes (``Ledger.event_bytes``)."""
     return pb.AuditRecord(
         index=row.seq,
         event_id=row.event_id,
@@ -79,8 +82,9 @@ def record_pb(row: Any) -> pb.AuditRecord:
         decision=row.decision,
         correlation_id=row.correlation_id,
         time_ms=row.time_ms,
-        event_json=bytes(row.canonical),
+        event_json=event_json,
         leaf_hash=bytes(row.leaf_hash),
+        state=row.state,
     )
 
 
@@ -116,12 +120,18 @@ class AuditApi(ComplianceApi, pb_grpc.AuditServiceServicer):  # type: ignore[mis
         on_query: Callable[[], None],
         anomalies: AnomalyWatch | None = None,
         subjects: SubjectReports | None = None,
+        reports: Reports | None = None,
+        retention: Retention | None = None,
+        archiver: Archiver | None = None,
     ) -> None:
         self._ledger = ledger
         self._trust = trust
         self._on_query = on_query
         self._anomalies = anomalies
         self._subjects = subjects
+        self._reports = reports
+        self._retention = retention
+        self._archiver = archiver
 
     async def _audited(self, query: str, filters: dict[str, Any], results: int) -> None:
         actor = current_principal().subject
@@ -139,9 +149,10 @@ class AuditApi(ComplianceApi, pb_grpc.AuditServiceServicer):  # type: ignore[mis
         )
         more = len(rows) > size
         rows = rows[:size]
+        bodies = await asyncio.to_thread(lambda: [self._ledger.event_bytes(r) for r in rows])
         await self._audited("query", flt.as_dict(), len(rows))
         return pb.QueryResponse(
-            records=[record_pb(r) for r in rows],
+            records=[record_pb(r, b) for r, b in zip(rows, bodies, strict=True)],
             next_page_token=f"s{rows[-1].seq}" if more and rows else "",
         )
 
@@ -162,7 +173,11 @@ class AuditApi(ComplianceApi, pb_grpc.AuditServiceServicer):  # type: ignore[mis
                 rows = await asyncio.to_thread(self._ledger.store.query, flt, after, 2000)
                 if not rows:
                     break
-                yield pb.ExportChunk(data=_csv(rows) if as_csv else _jsonl(rows))
+                if as_csv:
+                    data = _csv(rows)
+                else:
+                    data = await asyncio.to_thread(_jsonl, rows, self._ledger.event_bytes)
+                yield pb.ExportChunk(data=data)
                 after = rows[-1].seq
                 total += len(rows)
             done = True
@@ -311,8 +326,9 @@ def anomaly_pb(a: AnomalyRecord) -> pb.Anomaly:
     )
 
 
-def _jsonl(rows: list[Any]) -> bytes:
-    return b"".join(b'{"index":%d,"event":%s}\n' % (r.seq, bytes(r.canonical)) for r in rows)
+def _jsonl(rows: list[Any], body: Callable[[Any], bytes]) -> bytes:
+    """Each row as ``{"index", "event"}`` (a purged event is ``null``: its bytes are gone)."""
+    return b"".join(b'{"index":%d,"event":%s}\n' % (r.seq, body(r) or b"null") for r in rows)
 
 
 def _csv(rows: list[Any]) -> bytes:

@@ -21,12 +21,15 @@ from prometheus_client import Gauge, start_http_server
 
 from gantry.audit.anomalies import AnomalyWatch
 from gantry.audit.api import METHOD_RULES, SERVICE, AuditApi
+from gantry.audit.archive import Archiver
 from gantry.audit.ingest import Ingestor
 from gantry.audit.ledger import SOURCE, Ledger
+from gantry.audit.reports import Reports
+from gantry.audit.retention import Retention
 from gantry.audit.settings import AuditSettings
 from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.audit.subject_reports import GovernanceSubjects, SubjectReports
-from gantry.core import get_logger
+from gantry.core import GantryError, get_logger
 from gantry.core.entrypoint import run_until_signalled
 from gantry.core.runfile import run_file, service_address, write_run_file
 from gantry.events import (
@@ -59,14 +62,20 @@ class AuditService:
         self.key = self.keyring.service_key("audit")
         self.trust = self.keyring.trust()
         self.engine = connect(settings.database_url)
+        self.objects = open_store(settings.storage, data_dir=settings.data_dir)
         self.ledger = Ledger(
             Store(self.engine),
             seal_key=self.keyring.secret("audit-seal"),
             signer=self.key,
             checkpoint_every_events=settings.audit.checkpoint_every_events,
+            objects=self.objects,
+        )
+        r = settings.audit.retention
+        self.retention = Retention(self.ledger)
+        self.archiver = Archiver(
+            self.ledger, level=r.segment_level, archive_after_days=r.archive_after_days
         )
         self.anomalies = AnomalyWatch(self.engine, Outbox(outbox), settings.audit.anomaly)
-        self.objects = open_store(settings.storage, data_dir=settings.data_dir)
         o = settings.audit
         self.token = ServiceToken(
             "audit", self.keyring.issuer, configured=o.token.get_secret_value()
@@ -84,6 +93,15 @@ class AuditService:
                 timeout_s=o.call_timeout_s,
             ),
             self.key,
+        )
+        self.reports = Reports(
+            self.engine,
+            self.ledger.store,
+            self.objects,
+            self.key,
+            self.ledger.tree_head,
+            self.ledger.events,
+            o.reports,
         )
         self.grpc_port = 0
         self.metrics_port = 0
@@ -146,6 +164,9 @@ class AuditService:
                 on_query=relay.notify,
                 anomalies=self.anomalies,
                 subjects=self.subjects,
+                reports=self.reports,
+                retention=self.retention,
+                archiver=self.archiver,
             ),
             server,
         )
@@ -162,6 +183,8 @@ class AuditService:
             asyncio.create_task(ingestor.run(), name="ingest"),
             asyncio.create_task(relay.run(), name="outbox"),
             asyncio.create_task(self._checkpoints(ingestor, relay), name="checkpoints"),
+            asyncio.create_task(self._scheduled_reports(relay), name="reports"),
+            asyncio.create_task(self._upkeep(relay), name="retention"),
         ]
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -180,9 +203,10 @@ class AuditService:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         ingestor.stop()
         await self._tasks[0]
-        self._tasks[2].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._tasks[2]
+        for task in self._tasks[2:]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await asyncio.to_thread(self.ledger.checkpoint)
         await server.stop(grace=5)
         relay.stop()
@@ -211,6 +235,33 @@ class AuditService:
                 if head is not None:
                     CHECKPOINT_SIZE.set(head.tree_size)
                     relay.notify()
+
+    async def _scheduled_reports(self, relay: OutboxRelay) -> None:
+        """Make the daily, weekly and monthly reports as their periods end."""
+        every_s = self.settings.audit.reports.check_every_s
+        while True:
+            made = await asyncio.to_thread(self.reports.generate_due)
+            if made:
+                relay.notify()
+                _log.info("scheduled reports made", reports=[r.report_id for r in made])
+            await asyncio.sleep(every_s)
+
+    async def _upkeep(self, relay: OutboxRelay) -> None:
+        """Archive due segments and purge expired events, every ``retention.every_s``."""
+        r = self.settings.audit.retention
+        if not r.auto:
+            return
+        while True:
+            await asyncio.sleep(r.every_s)
+            try:
+                archived = await asyncio.to_thread(self.archiver.archive, "svc-audit")
+                purged = await asyncio.to_thread(self.retention.purge, "svc-audit")
+            except GantryError as exc:
+                _log.warning("archival or purge failed; retried later", error=str(exc))
+                continue
+            if archived.events or purged.events:
+                relay.notify()
+                _log.info("upkeep", archived=archived.events, purged=purged.events)
 
     def _run_file(self) -> Path:
         return run_file(self.settings.data_dir, "audit")

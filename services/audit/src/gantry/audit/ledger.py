@@ -394,16 +394,22 @@ class Ledger:
             )
         seq = int(row.seq)
         path = self.proof_path(seq, head.tree_size)
-        if row.state == "archived":
-            body = self.segment_events_of(seq).get(seq)
-            if body is None:
-                raise IntegrityError(
-                    f"archived event {seq} is missing from its segment",
-                    hint="run Verify (gantry audit verify) to see what was altered",
-                )
-        else:  # live, or purged: then empty, and the leaf hash alone still proves the place
-            body = bytes(row.canonical) if row.state == "live" else b""
-        return seq, path, bytes(row.leaf_hash), body, head
+        return seq, path, bytes(row.leaf_hash), self.event_bytes(row), head
+
+    def event_bytes(self, row: Any) -> bytes:
+        """The event bytes of a stored ``audit_events`` row (anything with ``seq``, ``state``
+        and ``canonical``): its own when live, read from its segment when archived (cached),
+        empty when purged (its leaf hash alone still proves its place)."""
+        if row.state != "archived":
+            return bytes(row.canonical) if row.state != "purged" else b""
+        seq = int(row.seq)
+        body = self.segment_events_of(seq).get(seq)
+        if body is None:
+            raise IntegrityError(
+                f"archived event {seq} is missing from its segment",
+                hint="run Verify (gantry audit verify) to see what was altered",
+            )
+        return body
 
     def consistency(self, first: int, second: int = 0) -> tuple[list[bytes], TreeHead, TreeHead]:
         """A consistency proof between two signed tree heads (``second`` 0 = the latest)."""
@@ -507,7 +513,15 @@ class Ledger:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        found = {line.seq: line.canonical for line in self.read_segment(segment).lines}
+        try:
+            read = self.read_segment(segment)
+        except ObjectNotFound:
+            raise IntegrityError(
+                f"the segment object of archived events {segment.first_seq}.."
+                f"{segment.end_seq - 1} is missing",
+                hint="restore audit/segments/ from a backup; Verify lists what is affected",
+            ) from None
+        found = {line.seq: line.canonical for line in read.lines}
         if self._cache_size:
             with self._cache_lock:
                 self._cache[key] = found

@@ -126,21 +126,22 @@ class _Tally:
             else:
                 self.purged += 1
             return
-        try:
-            doc = orjson.loads(ev.canonical)
-        except orjson.JSONDecodeError:
-            self.malformed += 1
-            return
-        data = doc.get("data") if isinstance(doc, dict) else None
-        if not isinstance(data, dict):
-            self.malformed += 1
-            return
+        handler = _HANDLERS.get(ev.type)
+        data = None
+        if handler is not None:  # only the types a section reads are parsed (months are big)
+            try:
+                doc = orjson.loads(ev.canonical)
+            except orjson.JSONDecodeError:
+                doc = None
+            data = doc.get("data") if isinstance(doc, dict) else None
+            if not isinstance(data, dict):
+                self.malformed += 1
+                return
         self.by_type[ev.type] += 1
         self.principals.add(ev.actor)
         if ev.decision == "deny" and ev.type in (AUTHZ_DECISION, DATA_ACCESSED):
             self.denials[(ev.actor, ev.action, ev.resource)] += 1
-        handler = _HANDLERS.get(ev.type)
-        if handler is not None:
+        if handler is not None and data is not None:
             handler(self, ev, data)
 
     def dataset(self, name: str) -> _Dataset:

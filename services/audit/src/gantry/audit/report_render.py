@@ -44,10 +44,9 @@ class Section:
 
 
 def iso_ms(ms: int, zone: dt.tzinfo = dt.UTC) -> str:
-    """A Unix-millisecond time as ISO 8601 in ``zone`` (UTC: with a ``Z``)."""
+    """A Unix-millisecond time as ISO 8601 in ``zone`` (a zero offset is written ``Z``)."""
     when = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).astimezone(zone)
-    text = when.isoformat(timespec="milliseconds")
-    return text.replace("+00:00", "Z") if zone is dt.UTC else text
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _cell(value: object) -> str:
@@ -78,8 +77,9 @@ _EVENT_COLS = ("time", "seq", "event_id", "actor")
 
 
 def _event_rows(
-    items: object, columns: Sequence[str], special: Mapping[str, Callable[[Any], str]] = {}
+    items: object, columns: Sequence[str], special: Mapping[str, Callable[[Any], str]] | None = None
 ) -> list[Row]:
+    special = special or {}
     rows = []
     for item in items if isinstance(items, list) else []:
         row = {"time": iso_ms(int(item.get("time_ms", 0)))}

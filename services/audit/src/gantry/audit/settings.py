@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field, SecretStr
 
 from gantry.audit.behaviour import AnomalySettings
+from gantry.audit.reports import ReportSettings
+from gantry.audit.retention import RetentionSettings
 from gantry.core import CommonSettings
 from gantry.storage import StorageSettings
 
@@ -73,6 +75,15 @@ class AuditOptions(BaseModel):
     anomaly: AnomalySettings = Field(
         default_factory=AnomalySettings,
         description="Access-behaviour anomaly detection (GANTRY_AUDIT__ANOMALY__*).",
+    )
+    reports: ReportSettings = Field(
+        default_factory=ReportSettings,
+        description="Scheduled, signed compliance reports (GANTRY_AUDIT__REPORTS__*).",
+    )
+    retention: RetentionSettings = Field(
+        default_factory=RetentionSettings,
+        description="Archival of old segments and purges of expired events "
+        "(GANTRY_AUDIT__RETENTION__*).",
     )
 
 

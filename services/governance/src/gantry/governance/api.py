@@ -1,4 +1,5 @@
-"""The governance gRPC API (handler): datasets, uploads, versions, reads, views, grants, models.
+"""The governance gRPC API (handler): datasets, uploads, versions, reads, views, grants, models,
+data subjects.
 
 Every method is mapped to an RBAC action in :data:`METHOD_RULES` (the interceptor checks it);
 what depends on the request — the view, the grant — is checked here through
@@ -20,6 +21,8 @@ from gantry.core import GantryError, InvalidInput, PermissionDenied, get_logger
 from gantry.governance.access import Access
 from gantry.governance.catalog import Catalog
 from gantry.governance.deid import rules_from_pb
+from gantry.governance.erasures import Erasures
+from gantry.governance.findings import SubjectFinder
 from gantry.governance.grants import Grants
 from gantry.governance.lineage import Lineage, model_node, model_nodes
 from gantry.governance.maintenance import Maintenance
@@ -27,6 +30,8 @@ from gantry.governance.messages import (
     dataset_pb,
     diff_pb,
     edge_pb,
+    erasure_pb,
+    findings_pb,
     grant_pb,
     model_pb,
     policy_pb,
@@ -84,6 +89,9 @@ METHOD_RULES: dict[str, MethodRule] = {
         "DownloadModel": _rule("read", "model"),
         "RotateKeys": _rule("rotate", "key"),
         "CollectGarbage": _rule("delete", "dataset"),
+        "FindSubject": _rule("query", "subject"),
+        "EraseSubject": _rule("erase", "subject"),
+        "ListErasures": _rule("list", "subject"),
     }.items()
 }
 
@@ -111,6 +119,8 @@ class Domain:
     registry: Registry
     maintenance: Maintenance
     access: Access
+    subjects: SubjectFinder
+    erasures: Erasures
     shard_bytes: int
     max_shard_bytes: int
 
@@ -225,6 +235,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 upload=totals.upload_id,
                 rows=totals.rows,
                 shards=totals.shards,
+                rows_erased=totals.rows_erased,
             )
             return pb.UploadResponse(
                 upload_id=totals.upload_id,
@@ -232,6 +243,7 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
                 bytes=totals.bytes,
                 shards=totals.shards,
                 files=totals.files,
+                rows_erased=totals.rows_erased,
             )
         except GantryError as exc:
             await self._discard(upload)  # before the caller hears of the failure
@@ -678,6 +690,56 @@ class GovernanceApi(pb_grpc.GovernanceServiceServicer):  # type: ignore[misc]
             removed_bytes=report.removed_bytes,
             kept_objects=report.kept_objects,
         )
+
+    # ------------------------------------------------------------------ data subjects
+
+    @rpc_errors
+    async def FindSubject(self, request: pb.FindSubjectRequest, context: Any) -> pb.SubjectFindings:
+        """Every version holding an identifier, the jobs and models linked to them, and the
+        erasures made for the subject (the identifier is neither stored nor logged)."""
+        found = await asyncio.to_thread(self.d.subjects.find, request.identifier)
+        _log.info(
+            "subject searched",
+            subject_ref=found.subject_ref,
+            versions=len(found.versions),
+            by=current_principal().subject,
+        )
+        return findings_pb(found)
+
+    @rpc_errors
+    async def EraseSubject(self, request: pb.EraseSubjectRequest, context: Any) -> pb.Erasure:
+        """Commit new versions of the datasets whose head holds the subject, without their
+        rows; name the models to retrain (``dry_run``: report it, change nothing)."""
+        principal = current_principal()
+        erasure = await asyncio.to_thread(
+            functools.partial(
+                self.d.erasures.erase,
+                request.identifier,
+                request.reason,
+                requested_by=principal.subject,
+                dry_run=request.dry_run,
+                correlation_id=_correlation(context),
+            )
+        )
+        _log.info(
+            "subject erased" if not request.dry_run else "subject erasure planned",
+            erasure=erasure.erasure_id,
+            subject_ref=erasure.subject_ref,
+            versions=len(erasure.new_versions),
+            rows=sum(erasure.rows_removed),
+            by=principal.subject,
+        )
+        return erasure_pb(erasure)
+
+    @rpc_errors
+    async def ListErasures(
+        self, request: pb.ListErasuresRequest, context: Any
+    ) -> pb.ListErasuresResponse:
+        """Erasures made, newest first."""
+        if request.limit < 0:
+            raise InvalidInput(f"limit must be 0 or more, not {request.limit}")
+        found = await asyncio.to_thread(self.d.erasures.list, request.limit or 50)
+        return pb.ListErasuresResponse(erasures=[erasure_pb(e) for e in found])
 
 
 __all__ = ["METHOD_RULES", "READ_MESSAGE_BYTES", "SERVICE", "Domain", "GovernanceApi"]

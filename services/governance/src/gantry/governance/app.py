@@ -26,6 +26,9 @@ from gantry.governance.api import METHOD_RULES, SERVICE, Domain, GovernanceApi
 from gantry.governance.catalog import Catalog
 from gantry.governance.changes import SOURCE
 from gantry.governance.consumers import JobEvents
+from gantry.governance.dataset_keys import DatasetKeys
+from gantry.governance.erasures import Erasures
+from gantry.governance.findings import SubjectFinder
 from gantry.governance.grants import Grants
 from gantry.governance.lineage import Lineage
 from gantry.governance.maintenance import Maintenance
@@ -44,6 +47,8 @@ _log = get_logger("gantry.governance")
 
 #: The largest shard an upload may ask for (a shard must fit in a worker's memory at once).
 MAX_SHARD_BYTES = 256 << 20
+#: The key-ring secret that keys data-subject references (``keys/secrets/<name>.key``).
+SUBJECT_SECRET = "governance-subjects"  # noqa: S105 -- a name, not a secret
 
 
 class GovernanceService:
@@ -55,6 +60,7 @@ class GovernanceService:
         self.key = self.keyring.service_key(SERVICE_NAME)
         self.engine = connect(settings.database_url)
         self.objects = open_store(settings.storage, data_dir=settings.data_dir)
+        self.subject_secret = self.keyring.secret(SUBJECT_SECRET)
         self.grpc_port = 0
         self.metrics_port = 0
         self._stopping = asyncio.Event()
@@ -69,10 +75,13 @@ class GovernanceService:
         catalog = Catalog(self.engine, upload_ttl_s=g.upload_ttl_s)
         grants = Grants(catalog, default_ttl_s=g.grant_ttl_s, max_ttl_s=g.max_grant_ttl_s)
         registry = Registry(self.engine, self.objects)
+        keys = DatasetKeys(self.objects)
+        uploads = Uploads(catalog, self.objects, keys)
+        finder = SubjectFinder(catalog, self.objects, keys, secret=self.subject_secret)
         return Domain(
             catalog=catalog,
-            uploads=Uploads(catalog, self.objects),
-            views=Views(catalog, self.objects, cache_bytes=g.view_cache_bytes),
+            uploads=uploads,
+            views=Views(catalog, self.objects, cache_bytes=g.view_cache_bytes, keys=keys),
             grants=grants,
             lineage=Lineage(self.engine),
             registry=registry,
@@ -84,6 +93,8 @@ class GovernanceService:
                 lock=threading.RLock(),
             ),
             access=Access(catalog, grants, authorizer, sink),
+            subjects=finder,
+            erasures=Erasures(catalog, uploads, finder, shard_bytes=MAX_SHARD_BYTES),
             shard_bytes=g.shard_bytes,
             max_shard_bytes=MAX_SHARD_BYTES,
         )
@@ -177,4 +188,4 @@ async def serve(settings: GovernanceSettings) -> None:
     await run_until_signalled(GovernanceService(settings))
 
 
-__all__ = ["MAX_SHARD_BYTES", "GovernanceService", "serve"]
+__all__ = ["MAX_SHARD_BYTES", "SUBJECT_SECRET", "GovernanceService", "serve"]

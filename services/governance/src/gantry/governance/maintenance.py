@@ -4,7 +4,8 @@ Garbage collection removes stored content nothing can reach: shards of uploads t
 aborted, never finished, or never committed within ``upload_ttl_s``. It never removes content
 that any version (every version is kept forever), a registered model, or a live upload still
 references; it lists objects before reading what is live, and uploads record a shard before
-writing it, so a shard being written is never mistaken for garbage.
+writing it, so a shard being written is never mistaken for garbage. The subject index forgets
+the shards that nothing holds any more.
 
 Key rotation makes a new key-encryption key active and re-wraps every object's data key under
 it (headers only; no data is re-encrypted); optionally the older key versions are retired.
@@ -24,6 +25,7 @@ from gantry.governance.catalog import now_ms
 from gantry.governance.changes import record
 from gantry.governance.manifest import Manifest
 from gantry.governance.registry import Registry
+from gantry.governance.subjects import prune_index
 from gantry.storage import ObjectInfo, ObjectNotFound, ObjectStore, StorageError
 
 _log = get_logger("gantry.governance.maintenance")
@@ -159,6 +161,7 @@ class Maintenance:
                         )
                         .values(state="aborted")
                     )
+                    prune_index(conn, live_since_ms=cutoff)
                     record(
                         conn,
                         "gantry.data.gc.completed",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from gantry.governance.catalog import DatasetRecord, VersionRecord, columns_from_json
 from gantry.governance.deid import rules_to_pb
+from gantry.governance.findings import SubjectFindings
 from gantry.governance.grants import GrantRecord
 from gantry.governance.lineage import Edge
 from gantry.governance.manifest import ManifestDiff, ShardEntry
 from gantry.governance.registry import ModelRecord
 from gantry.governance.schema import columns_to_pb
+from gantry.governance.subjects import ErasureRecord, SubjectVersion
 from gantry.governance.views import PolicyRecord
 from gantry.protos.v1 import governance_pb2 as pb
 
@@ -125,13 +127,72 @@ def model_pb(m: ModelRecord) -> pb.ModelVersion:
     )
 
 
+def subject_version_pb(v: SubjectVersion) -> pb.SubjectVersion:
+    """A version holding (or made without) a data subject, as a message."""
+    return pb.SubjectVersion(
+        dataset=v.dataset,
+        version=v.version,
+        rows=v.rows,
+        columns=list(v.columns),
+        created_ms=v.created_ms,
+        author=v.author,
+        event_id=v.event_id,
+        is_head=v.is_head,
+        erasure_id=v.erasure_id,
+    )
+
+
+def erasure_pb(e: ErasureRecord) -> pb.Erasure:
+    """An erasure as a message."""
+    return pb.Erasure(
+        erasure_id=e.erasure_id,
+        subject_ref=e.subject_ref,
+        requested_by=e.requested_by,
+        requested_ms=e.requested_ms,
+        reason=e.reason,
+        new_versions=[subject_version_pb(v) for v in e.new_versions],
+        rows_removed=list(e.rows_removed),
+        models_to_retrain=list(e.models_to_retrain),
+        event_id=e.event_id,
+    )
+
+
+def findings_pb(f: SubjectFindings) -> pb.SubjectFindings:
+    """A data subject's findings as a message (the index hits and digests stay inside)."""
+    return pb.SubjectFindings(
+        subject_ref=f.subject_ref,
+        versions=[subject_version_pb(v) for v in f.versions],
+        links=[
+            pb.SubjectLink(
+                from_kind=e.from_kind,
+                from_id=e.from_id,
+                to_kind=e.to_kind,
+                to_id=e.to_id,
+                time_ms=e.time_ms,
+                event_id=e.event_id,
+                event_type=e.event_type,
+            )
+            for e in f.links
+        ],
+        jobs=list(f.jobs),
+        models=list(f.models),
+        datasets_searched=list(f.datasets_searched),
+        datasets_not_searchable=list(f.datasets_not_searchable),
+        erasures=[erasure_pb(e) for e in f.erasures],
+        searched_ms=f.searched_ms,
+    )
+
+
 __all__ = [
     "dataset_pb",
     "diff_pb",
     "edge_pb",
+    "erasure_pb",
+    "findings_pb",
     "grant_pb",
     "model_pb",
     "policy_pb",
     "shard_pb",
+    "subject_version_pb",
     "version_pb",
 ]

@@ -73,29 +73,36 @@ class IndexEntry:
 def shard_entries(
     table: pa.Table, columns: Sequence[Column], digests: KeyedDigests
 ) -> list[IndexEntry]:
-    """The index entries of one shard's rows (``columns``: its pii columns)."""
+    """The index entries of one shard's rows (``columns``: its pii columns), by digest."""
     ids: dict[bytes, int] = {}
-    found_in: list[set[str]] = []
+    masks: list[tuple[np.ndarray[Any, Any], int]] = []  # per column j: its values, bit j
     row_parts: list[np.ndarray[Any, Any]] = []
     id_parts: list[np.ndarray[Any, Any]] = []
-    for column in columns:
+    for j, column in enumerate(columns):
         values, indices = digests.distinct(table.column(column.name), column.type)
         local = np.array([ids.setdefault(d, len(ids)) for d in values], dtype=np.int64)
-        found_in.extend(set() for _ in range(len(ids) - len(found_in)))
         rows = np.flatnonzero(indices.is_valid().to_numpy(zero_copy_only=False))
         picked = local[indices.fill_null(0).to_numpy(zero_copy_only=False)[rows]]
-        for value_id in np.unique(picked):
-            found_in[int(value_id)].add(column.name)
+        masks.append((np.unique(picked), 1 << j))
         row_parts.append(rows.astype(np.int64))
         id_parts.append(picked)
     if not ids:
         return []
+    found_in = np.zeros(len(ids), dtype=np.int64)
+    for present, bit in masks:
+        found_in[present] |= bit
     # A row holding the value in two columns counts once.
     pairs = np.unique(np.concatenate(row_parts) * len(ids) + np.concatenate(id_parts))
     counts = np.bincount(pairs % len(ids), minlength=len(ids))
-    return [
-        IndexEntry(digest, tuple(sorted(found_in[i])), int(counts[i])) for digest, i in ids.items()
+    names: dict[int, tuple[str, ...]] = {}
+    for bits in np.unique(found_in).tolist():
+        names[bits] = tuple(sorted(c.name for j, c in enumerate(columns) if bits >> j & 1))
+    entries = [
+        IndexEntry(digest, names[bits], count)
+        for digest, bits, count in zip(ids, found_in.tolist(), counts.tolist(), strict=True)
     ]
+    entries.sort(key=lambda e: e.digest)  # inserting in index order is several times faster
+    return entries
 
 
 def matching_rows(
@@ -132,19 +139,50 @@ def record_shard(
         return
     conn.execute(t.insert().values(dataset=dataset, shard_id=shard_id, indexed_ms=now_ms()))
     if entries:
-        conn.execute(
-            db.subject_index.insert(),
-            [
-                {
-                    "dataset": dataset,
-                    "shard_id": shard_id,
-                    "digest": e.digest,
-                    "columns": ",".join(e.columns),
-                    "rows": e.rows,
-                }
-                for e in entries
-            ],
+        _insert_many(
+            conn,
+            db.subject_index,
+            [(dataset, shard_id, e.digest, ",".join(e.columns), e.rows) for e in entries],
         )
+
+
+def _insert_many(conn: sa.Connection, table: sa.Table, rows: list[tuple[Any, ...]]) -> None:
+    """``executemany`` straight to the driver, values in the table's column order.
+
+    A shard has a row per distinct pii value (100,000s), and SQLAlchemy's per-row parameter
+    handling would cost more than the inserts themselves.
+    """
+    prep = conn.dialect.identifier_preparer
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    names = ", ".join(prep.quote(c.name) for c in table.columns)
+    marks = ", ".join([mark] * len(table.columns))
+    conn.exec_driver_sql(f"INSERT INTO {prep.format_table(table)} ({names}) VALUES ({marks})", rows)
+
+
+def prune_index(conn: sa.Connection, *, live_since_ms: int) -> int:
+    """Forget the index of shards that no version and no live upload (open or finished and
+    active since ``live_since_ms``) holds any more; return how many shards were forgotten."""
+    vs, us, u, done = db.version_shards, db.upload_shards, db.uploads, db.indexed_shards
+    held: set[tuple[str, str]] = set()
+    held.update(
+        (str(r.dataset), str(r.shard_id))
+        for r in conn.execute(sa.select(vs.c.dataset, vs.c.shard_id).distinct()).all()
+    )
+    held.update(
+        (str(r.dataset), str(r.shard_id))
+        for r in conn.execute(
+            sa.select(u.c.dataset, us.c.shard_id)
+            .join(u, u.c.id == us.c.upload_id)
+            .where(u.c.state.in_(["open", "complete"]), u.c.active_ms >= live_since_ms)
+        ).all()
+    )
+    indexed = conn.execute(sa.select(done.c.dataset, done.c.shard_id)).all()
+    dead = [(str(r.dataset), str(r.shard_id)) for r in indexed]
+    dead = [key for key in dead if key not in held]
+    for dataset, shard_id in dead:
+        for t in (db.subject_index, done):
+            conn.execute(t.delete().where(t.c.dataset == dataset, t.c.shard_id == shard_id))
+    return len(dead)
 
 
 def unindexed_shards(conn: sa.Connection, dataset: str) -> list[str]:
@@ -315,6 +353,7 @@ __all__ = [
     "lookup",
     "matching_rows",
     "pii_columns",
+    "prune_index",
     "record_shard",
     "shard_entries",
     "subject_ref",

@@ -4,20 +4,37 @@ An upload is a staging area: it becomes visible only when a commit names it, and
 finished (the client sent its end marker). Each shard is recorded in the database *before* its
 object is written, so garbage collection never mistakes a shard being uploaded for garbage; an
 upload that never finishes stays ``open`` and is collected after ``upload_ttl_s``.
+
+A table shard's pii values are entered in the subject index in the transaction that finishes
+its slot, and rows holding a subject erased from the dataset are dropped (and counted) before
+they reach a shard.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
 import sqlalchemy as sa
 
 from gantry.core import Conflict, InvalidInput, new_id
 from gantry.governance import store as db
 from gantry.governance.catalog import Catalog, DatasetRecord, now_ms
+from gantry.governance.dataset_keys import DatasetKeys
+from gantry.governance.deid import KeyedDigests
 from gantry.governance.manifest import ShardEntry
-from gantry.governance.tables import ArrowStreamDecoder, ShardWriter
+from gantry.governance.schema import Column
+from gantry.governance.subjects import (
+    IndexEntry,
+    erased_digests,
+    matching_rows,
+    pii_columns,
+    record_shard,
+    shard_entries,
+)
+from gantry.governance.tables import ArrowStreamDecoder, Shard, ShardWriter
 from gantry.storage import ObjectStore, ObjectWriter
 
 _MAX_PATH = 1024
@@ -56,34 +73,78 @@ class UploadTotals:
     bytes: int = 0
     shards: int = 0
     files: int = 0
+    rows_erased: int = 0  #: rows dropped because they hold a subject erased from the dataset
+
+
+@dataclass(frozen=True)
+class SubjectIndexing:
+    """What a table upload needs for the subject index: the dataset's pii columns, its keyed
+    digests, and the digests of the subjects erased from it."""
+
+    pii: tuple[Column, ...]
+    digests: KeyedDigests
+    erased: frozenset[bytes]
 
 
 class TableUpload:
     """Receives one Arrow IPC stream of rows and writes conformed, encrypted Parquet shards."""
 
-    def __init__(self, uploads: Uploads, ds: DatasetRecord, upload_id: str, shard_bytes: int):
+    def __init__(
+        self,
+        uploads: Uploads,
+        ds: DatasetRecord,
+        upload_id: str,
+        shard_bytes: int,
+        indexing: SubjectIndexing | None = None,
+    ) -> None:
         self._uploads = uploads
         self._ds = ds
         self.totals = UploadTotals(upload_id)
         self._decoder = ArrowStreamDecoder()
-        self._writer = ShardWriter(ds.schema, shard_bytes)
+        self._indexing = indexing
+        erased = indexing is not None and bool(indexing.erased)
+        self._writer = ShardWriter(
+            ds.schema, shard_bytes, row_filter=self._drop_erased if erased else None
+        )
 
     def feed(self, fragment: bytes) -> None:
         """Take the next fragment of the Arrow stream; write shards as they fill."""
         for batch in self._decoder.feed(fragment):
             for shard in self._writer.add(batch):
-                self._store(shard.data, shard.rows, shard.digest)
+                self._store(shard)
 
     def finish(self) -> UploadTotals:
         """The stream ended with the client's end marker: flush and mark the upload complete."""
         self._decoder.close()
         for shard in self._writer.finish():
-            self._store(shard.data, shard.rows, shard.digest)
+            self._store(shard)
         self._uploads.complete(self.totals)
         return self.totals
 
-    def _store(self, data: bytes, rows: int, digest: str) -> None:
-        self._uploads.put_shard(self._ds.name, self.totals, data, rows=rows, digest=digest)
+    def write_table(self, table: pa.Table) -> list[ShardEntry]:
+        """Write ``table``'s rows as shards of their own (not shared with other rows); return
+        their entries, in order (none when no row is left)."""
+        written = [self._store(shard) for shard in self._writer.add(table)]
+        return written + [self._store(shard) for shard in self._writer.finish()]
+
+    def _drop_erased(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        assert self._indexing is not None
+        ix = self._indexing
+        hit = matching_rows(batch, ix.pii, ix.digests, ix.erased)
+        dropped = int(hit.sum())
+        if not dropped:
+            return batch
+        self.totals.rows_erased += dropped
+        return batch.filter(pa.array(~hit))
+
+    def _store(self, shard: Shard) -> ShardEntry:
+        index: list[IndexEntry] | None = None
+        if self._indexing is not None and shard.table is not None:
+            index = shard_entries(shard.table, self._indexing.pii, self._indexing.digests)
+        return self._uploads.put_shard(
+            self._ds.name, self.totals, shard.data, rows=shard.rows, digest=shard.digest,
+            index=index,
+        )  # fmt: skip
 
 
 class FileUpload:
@@ -154,10 +215,13 @@ class FileUpload:
 class Uploads:
     """Upload sessions over the catalog database and the encrypted object store."""
 
-    def __init__(self, catalog: Catalog, objects: ObjectStore) -> None:
+    def __init__(
+        self, catalog: Catalog, objects: ObjectStore, keys: DatasetKeys | None = None
+    ) -> None:
         self.catalog = catalog
         self.objects = objects
         self.engine = catalog.engine
+        self.keys = keys or DatasetKeys(objects)
 
     def begin(
         self, dataset: str, principal: str, source_format: str, shard_bytes: int
@@ -172,7 +236,12 @@ class Uploads:
                 hint="upload CSV/Parquet rows to table datasets and files to files datasets",
             )
         upload_id = new_id()
+        pii = tuple(pii_columns(ds.columns)) if ds.format == "table" else ()
+        indexing = None
         with self.engine.begin() as conn:
+            if pii:
+                erased = erased_digests(conn, dataset)
+                indexing = SubjectIndexing(pii, KeyedDigests(self.keys.get(dataset)), erased)
             conn.execute(
                 db.uploads.insert().values(
                     id=upload_id,
@@ -186,8 +255,28 @@ class Uploads:
                 )
             )
         if ds.format == "table":
-            return TableUpload(self, ds, upload_id, shard_bytes)
+            return TableUpload(self, ds, upload_id, shard_bytes, indexing)
         return FileUpload(self, ds, upload_id)
+
+    def write_tables(
+        self, dataset: str, principal: str, tables: Iterable[pa.Table], *, shard_bytes: int
+    ) -> tuple[str, list[list[ShardEntry]]]:
+        """Write each of ``tables`` as shards of its own in one new upload, and finish it.
+
+        Returns the upload id (to commit) and, per table in order, the shards that hold its
+        rows (none for a table left without rows). For callers that assemble a version
+        themselves, e.g. an erasure replacing some shards of the head.
+        """
+        upload = self.begin(dataset, principal, "arrow", shard_bytes)
+        if not isinstance(upload, TableUpload):
+            raise InvalidInput(f"dataset {dataset!r} holds files, not a table")
+        try:
+            written = [upload.write_table(table) for table in tables]
+        except BaseException:
+            self.abort(upload.totals.upload_id)
+            raise
+        self.complete(upload.totals)
+        return upload.totals.upload_id, written
 
     def reserve(self, upload_id: str, path: str = "") -> int:
         """Record the next shard slot of an upload before its object is written."""
@@ -218,13 +307,21 @@ class Uploads:
         return seq
 
     def put_shard(
-        self, dataset: str, totals: UploadTotals, data: bytes, *, rows: int, digest: str
+        self,
+        dataset: str,
+        totals: UploadTotals,
+        data: bytes,
+        *,
+        rows: int,
+        digest: str,
+        index: Sequence[IndexEntry] | None = None,
     ) -> ShardEntry:
-        """Encrypt one table shard into the store and record it in its upload."""
+        """Encrypt one table shard into the store and record it in its upload; with ``index``
+        (its subject-index entries), index it in the same transaction."""
         seq = self.reserve(totals.upload_id)
         name = shard_object(dataset, totals.upload_id, seq)
         self.objects.put(name, data, metadata={"digest": digest, "rows": str(rows)})
-        self._finish_slot(totals.upload_id, seq, digest, rows, len(data))
+        self._finish_slot(totals.upload_id, seq, digest, rows, len(data), dataset, index)
         totals.rows += rows
         totals.bytes += len(data)
         totals.shards += 1
@@ -234,13 +331,35 @@ class Uploads:
         """Record a finished file of an upload."""
         self._finish_slot(upload_id, seq, digest, 1, size)
 
-    def _finish_slot(self, upload_id: str, seq: int, digest: str, rows: int, size: int) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                db.upload_shards.update()
-                .where(db.upload_shards.c.upload_id == upload_id, db.upload_shards.c.seq == seq)
-                .values(shard_id=digest, rows=rows, bytes=size)
-            )
+    def _finish_slot(
+        self,
+        upload_id: str,
+        seq: int,
+        digest: str,
+        rows: int,
+        size: int,
+        dataset: str = "",
+        index: Sequence[IndexEntry] | None = None,
+    ) -> None:
+        for attempt in range(2):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        db.upload_shards.update()
+                        .where(
+                            db.upload_shards.c.upload_id == upload_id,
+                            db.upload_shards.c.seq == seq,
+                        )
+                        .values(shard_id=digest, rows=rows, bytes=size)
+                    )
+                    if index is not None:
+                        record_shard(conn, dataset, digest, index)
+                return
+            except sa.exc.IntegrityError:
+                # The same content was indexed by another upload at the same moment: the
+                # second attempt finds it indexed.
+                if attempt or index is None:
+                    raise
 
     def complete(self, totals: UploadTotals) -> None:
         """Mark the upload finished (committable)."""

@@ -9,6 +9,7 @@
     gantry audit query | export | report | verify | proof
     gantry data create | list | show | upload | commit | log | diff | rollback
     gantry data read | download | grant | lineage | policy show | policy set
+    gantry data subject find | erase | erasures
     gantry models list | show | register | download
     gantry serve deploy | status | list | traffic | promote | rollback | undeploy
     gantry serve infer | generate
@@ -25,10 +26,10 @@ Settings (``GANTRY_DATA_DIR``, ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``,
 
 This module holds the root app and the entry point; each command group lives in a module of its
 own (``_up``, ``_admin``, ``_events``, ``_audit``, ``_audit_verify``, ``_data``,
-``_data_access``, ``_models``, ``_jobs``, ``_serve``, ``_profile``, ``_pipelines``,
-``_experiments``, ``_sessions``) and what they share in ``_common`` (and ``_following``: how a
-command follows a run, an experiment or a session until it ends). The names in ``__all__`` are
-the package's public surface.
+``_data_access``, ``_data_subjects``, ``_models``, ``_jobs``, ``_serve``, ``_profile``,
+``_pipelines``, ``_experiments``, ``_sessions``) and what they share in ``_common`` (and
+``_following``: how a command follows a run, an experiment or a session until it ends). The
+names in ``__all__`` are the package's public surface.
 """
 
 from __future__ import annotations

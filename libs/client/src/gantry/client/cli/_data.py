@@ -2,7 +2,8 @@
 
 Reading, downloading and governing access (``read``, ``download``, ``grant``, ``lineage``,
 ``policy``) live in :mod:`gantry.client.cli._data_access` and are registered on
-:data:`data_app` below, after the commands that change a dataset.
+:data:`data_app` below, after the commands that change a dataset; data-subject requests
+(``subject find | erase | erasures``) in :mod:`gantry.client.cli._data_subjects`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gantry.client.cli._common import (
 )
 from gantry.client.cli._data_access import data_download, data_read, policy_app
 from gantry.client.cli._data_grants import data_grant, data_grants, data_lineage, data_revoke
+from gantry.client.cli._data_subjects import subject_app
 from gantry.core import InvalidInput
 
 if TYPE_CHECKING:
@@ -254,6 +256,11 @@ def _upload_table(
         f"upload id {result.upload_id}",
         markup=False,
     )
+    if result.rows_erased:
+        state.out.print(
+            f"  {result.rows_erased:,} rows dropped: they hold data subjects erased from {name}",
+            markup=False,
+        )
     return result
 
 
@@ -420,3 +427,4 @@ data_app.command("grants")(data_grants)
 data_app.command("revoke")(data_revoke)
 data_app.command("lineage")(data_lineage)
 data_app.add_typer(policy_app, name="policy")
+data_app.add_typer(subject_app, name="subject")

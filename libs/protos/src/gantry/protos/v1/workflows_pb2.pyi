@@ -360,7 +360,7 @@ class Run(_message.Message):
     """queued | running | succeeded | failed | cancelled | skipped"""
     reason: _builtins.str
     trigger: _builtins.str
-    """manual | schedule"""
+    """manual | schedule | erasure"""
     scheduled_ms: _builtins.int
     created_ms: _builtins.int
     started_ms: _builtins.int

@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit_result
+from _subject_query import measure as measure_subject_query
 
 from gantry.audit.behaviour import KINDS, Anomaly, AnomalySettings, BehaviourModel
 from gantry.testing.access_month import INJECTED_KINDS, Injected, simulate_month
@@ -116,6 +117,21 @@ def main() -> None:
             flush=True,
         )
 
+    shape = (
+        {"events": 200_000, "rows": 20_000, "versions": 100, "repeats": 5}
+        if args.quick
+        else {"events": 1_000_000, "rows": 100_000, "versions": 100, "repeats": 9}
+    )
+    print(f"data-subject query and report generation: {shape}", flush=True)
+    subject = measure_subject_query(**shape)
+    print(
+        f"subject query {subject['subject_query_ms']:.0f} ms over "
+        f"{subject['subject_audit_events']:,} audit events and "
+        f"{subject['subject_dataset_versions']} versions; report "
+        f"{subject['report_generation_s']:.1f} s over {subject['report_events']:,} events",
+        flush=True,
+    )
+
     injections = sum(injected_by_kind.values())
     figures: dict[str, Any] = {
         "anomaly_recall": sum(caught_by_kind.values()) / injections,
@@ -127,6 +143,7 @@ def main() -> None:
         "anomaly_false_alarms_per_day_normal": normal_alarms / normal_days,
         "anomaly_events": events,
         "anomaly_events_per_s": events / judging_s,
+        **subject,
         "seeds": seeds,
         "days": DAYS,
         "quick": args.quick,

@@ -248,3 +248,30 @@ def test_bad_requests_are_refused_clearly(env: Env) -> None:
     with pytest.raises(InvalidInput, match="no identifier"):
         env.reports.report("  ", reason="x", subject="carol", roles=["auditor"])
     assert env.finder.asked == []
+
+
+def test_the_cli_checks_a_saved_report_offline(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from gantry.client import cli
+    from gantry.security.keys import write_public_key
+
+    data_dir = tmp_path / "data"
+    write_public_key(data_dir / "keys" / "trusted", env.signer)
+    monkeypatch.setenv("GANTRY_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("COLUMNS", "200")
+    doc = _report(env)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(doc))
+    doc["findings"]["jobs"] = ["job-1"]
+    bad.write_text(json.dumps(doc))
+    runner = CliRunner()
+    ok = runner.invoke(cli.app, ["audit", "subject", "verify", str(good)])
+    assert ok.exit_code == 0, ok.output
+    assert "report verified: signature ok, 6 audit event(s) proven" in ok.output
+    assert "churn:1, churn:2" in ok.output
+    refused = runner.invoke(cli.app, ["audit", "subject", "verify", str(bad)])
+    assert refused.exit_code == 1
+    assert "NOT VERIFIED" in refused.output

@@ -319,7 +319,7 @@ class BehaviourModel:
             run.popleft()
         if len(run) < s.denial_run:
             return None
-        span_s = (a.time_ms - run[0][0]) / 1000
+        span_s = max(0.0, (a.time_ms - min(t for t, _ in run)) / 1000)
         return self._anomaly(
             "denial_storm",
             a,

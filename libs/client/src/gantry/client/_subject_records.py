@@ -9,6 +9,7 @@ by :mod:`gantry.client.governance`; import them from there.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,17 +58,7 @@ class SubjectVersion:
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON object."""
-        return {
-            "dataset": self.dataset,
-            "version": self.version,
-            "rows": self.rows,
-            "columns": list(self.columns),
-            "created_ms": self.created_ms,
-            "author": self.author,
-            "event_id": self.event_id,
-            "is_head": self.is_head,
-            "erasure_id": self.erasure_id,
-        }
+        return {**dataclasses.asdict(self), "columns": list(self.columns)}
 
 
 @dataclass(frozen=True)

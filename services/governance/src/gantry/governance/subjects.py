@@ -12,6 +12,7 @@ their rows; the erasures themselves are recorded here too (by keyed subject refe
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 from collections.abc import Collection, Iterable, Sequence
@@ -242,17 +243,7 @@ class SubjectVersion:
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON object (the erasure record's form)."""
-        return {
-            "dataset": self.dataset,
-            "version": self.version,
-            "rows": self.rows,
-            "columns": list(self.columns),
-            "created_ms": self.created_ms,
-            "author": self.author,
-            "event_id": self.event_id,
-            "is_head": self.is_head,
-            "erasure_id": self.erasure_id,
-        }
+        return {**dataclasses.asdict(self), "columns": list(self.columns)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SubjectVersion:

@@ -1,4 +1,5 @@
-"""Benchmark: the audit service's access-behaviour anomaly detector on simulated months.
+"""Benchmark: compliance — the anomaly detector on simulated months, data-subject queries and
+report generation.
 
     python bench/compliance.py [--quick]
 
@@ -25,6 +26,10 @@ Figures (of the injected months unless said otherwise):
 - ``anomaly_events``: the events judged (all the injected months' events);
 - ``anomaly_events_per_s``: detector throughput, ``anomaly_events`` / the seconds spent in
   ``observe_all`` on those months (``time.perf_counter``; building the months is not timed);
+- ``subject_query_ms`` (target <= 500), ``report_generation_s`` and their companions: the
+  data-subject report and a month's compliance report on the real audit and governance
+  services over a seeded log of 1,000,000 events (200,000 with ``--quick``) and 100 dataset
+  versions — the method is in ``bench/_subject_query.py``;
 - ``seeds``, ``days``, ``quick``: the run's shape.
 """
 

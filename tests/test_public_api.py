@@ -13,7 +13,7 @@ PUBLIC = {
     "gantry.core": [
         "AlreadyExists", "Clock", "CommonSettings", "ConfigError", "Conflict", "GantryError",
         "IntegrityError", "InvalidInput", "ManualClock", "NatsSettings", "NotFound",
-        "PermissionDenied", "SystemClock", "Unauthenticated", "Unavailable",
+        "PermissionDenied", "SystemClock", "TlsSettings", "Unauthenticated", "Unavailable",
         "configure_logging", "get_logger", "is_uuid", "load_settings", "new_id", "utc",
     ],
     "gantry.events": [

@@ -352,8 +352,15 @@ def test_parse_time() -> None:
 def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gantry.client import demo
 
-    assert demo.main(["--data-dir", str(tmp_path / "demo"), "--rows", "5000"]) == 0
-    out = capsys.readouterr().out
+    assert demo.main(["--data-dir", str(tmp_path / "demo"), "--rows", "5000", "--verbose"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    # No secret of the run anywhere it wrote: the services' logs (--verbose streams them), its
+    # output, databases, every event in the NATS store, exports and reports.
+    from gantry.testing.secret_scan import scan
+
+    leaks = scan(tmp_path / "demo", texts=[("stdout", out), ("stderr", captured.err)])
+    assert not leaks, "\n".join(map(str, leaks))
     assert "events in the audit log" in out and "1,000" in out
     assert "Access to dataset/customers" in out
     assert "ml-developer's raw read was refused" in out and "refused, " in out

@@ -22,7 +22,7 @@ def test_audit_service_has_every_method() -> None:
         "GetCheckpoint", "Verify", "ListAnomalies", "ResolveAnomaly", "SubjectReport",
         "GenerateReport", "ListReports", "DownloadReport", "VerifyReport", "SetRetention",
         "ListRetention", "PlaceHold", "ReleaseHold", "ListHolds", "Archive", "ListSegments",
-        "VerifySegment", "Purge",
+        "VerifySegment", "Purge", "RevokeToken", "ListRevokedTokens",
     }  # fmt: skip
     assert hasattr(audit_pb2_grpc, "AuditServiceStub")
 

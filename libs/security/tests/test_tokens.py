@@ -262,3 +262,63 @@ def test_parse_ttl_refuses_other_forms(text: str) -> None:
     with pytest.raises(InvalidInput, match="invalid duration") as info:
         parse_ttl(text)
     assert "30s, 15m, 12h, 7d" in str(info.value)
+
+
+# ---------------------------------------------------------------------- self-signed services
+
+
+@pytest.fixture
+def service_verifier(key: SigningKey, clock: ManualClock) -> tuple[TokenVerifier, SigningKey]:
+    agent_key = SigningKey.generate("svc-training-agent")
+    verifier = TokenVerifier(
+        TrustStore({key.kid: key.public_key_bytes()}),
+        clock,
+        service_trust=TrustStore({agent_key.kid: agent_key.public_key_bytes()}),
+    )
+    return verifier, agent_key
+
+
+def test_a_service_signs_its_own_token_with_its_own_key(
+    service_verifier: tuple[TokenVerifier, SigningKey], clock: ManualClock
+) -> None:
+    verifier, agent_key = service_verifier
+    token = TokenIssuer(agent_key, clock).issue(
+        "training-agent", ["service"], dt.timedelta(hours=1), kind="service"
+    )
+    principal = verifier.verify(token)
+    assert principal.subject == "training-agent" and principal.kind == "service"
+
+
+@pytest.mark.parametrize(
+    ("subject", "roles", "kind", "message"),
+    [
+        ("scheduler", ["service"], "service", "may only name service 'training-agent'"),
+        ("admin", ["service"], "user", "may only name service"),
+        ("training-agent", ["platform-admin"], "service", "may only claim the role 'service'"),
+        ("training-agent", ["service", "auditor"], "service", "may only claim the role"),
+    ],
+)
+def test_a_service_key_cannot_vouch_for_anyone_else(
+    service_verifier: tuple[TokenVerifier, SigningKey],
+    clock: ManualClock,
+    subject: str,
+    roles: list[str],
+    kind: Any,
+    message: str,
+) -> None:
+    verifier, agent_key = service_verifier
+    token = TokenIssuer(agent_key, clock).issue(subject, roles, dt.timedelta(hours=1), kind=kind)
+    with pytest.raises(Unauthenticated, match=message):
+        verifier.verify(token)
+
+
+def test_service_keys_are_not_token_issuers_without_service_trust(
+    key: SigningKey, clock: ManualClock
+) -> None:
+    agent_key = SigningKey.generate("svc-training-agent")
+    verifier = TokenVerifier(TrustStore({key.kid: key.public_key_bytes()}), clock)
+    token = TokenIssuer(agent_key, clock).issue(
+        "training-agent", ["service"], dt.timedelta(hours=1), kind="service"
+    )
+    with pytest.raises(Unauthenticated):
+        verifier.verify(token)

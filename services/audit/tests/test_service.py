@@ -12,6 +12,7 @@ import pytest
 from gantry.client.audit import Filter
 from gantry.core import IntegrityError, InvalidInput, Unauthenticated
 from gantry.events import Emitter
+from gantry.testing.probes import http_get, readyz
 
 from .conftest import Running, wait_for
 
@@ -180,6 +181,8 @@ async def test_health_reflection_and_metrics_need_no_token(audit: Running) -> No
     status, services = await asyncio.to_thread(probe)
     assert status == health_pb2.HealthCheckResponse.SERVING
     assert "gantry.audit.v1.AuditService" in services
+    assert await readyz(audit.service.metrics_port) == "200 ready\n"
+    assert await asyncio.to_thread(http_get, audit.service.metrics_port, "/healthz") == "200 ok\n"
     await emit_reads(audit, 3)
     await wait_for(lambda: audit.service.ledger.size >= 3)
     url = f"http://127.0.0.1:{audit.service.metrics_port}/metrics"

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from gantry.protos.v1 import governance_pb2 as pb
+from gantry.testing.probes import readyz
 
 from .conftest import PEOPLE_COLUMNS, Running, governance_settings, people, running, stream_events
 
@@ -241,3 +242,7 @@ async def test_catalog_on_both_databases(tmp_path, nats_url: str, database_url: 
         ds = await again.stub.GetDataset(pb.GetDatasetRequest(name="people"), metadata=again.md())
         assert ds.head == v.id
         assert (await again.read("people", "raw")).num_rows == 25
+
+
+async def test_readyz_answers_once_the_service_is_up(gov: Running) -> None:
+    assert await readyz(gov.service.metrics_port) == "200 ready\n"

@@ -22,6 +22,7 @@ from gantry.events.catalog import (
 )
 from gantry.protos.v1 import profiler_pb2 as pb
 from gantry.testing.events import EventTap, dead_letter_reasons
+from gantry.testing.probes import readyz
 
 from .conftest import Running, profiler_settings, running
 
@@ -365,3 +366,7 @@ async def test_running_jobs_and_findings_survive_a_restart(tmp_path: Path, nats_
             pb.GetJobProfileRequest(job_id="job-r"), metadata=p.md()
         )
         assert profile.state == "running" and profile.last_step == 60
+
+
+async def test_readyz_answers_once_the_service_is_up(profiler: Running) -> None:
+    assert await readyz(profiler.service.metrics_port) == "200 ready\n"

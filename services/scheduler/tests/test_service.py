@@ -11,6 +11,7 @@ import pytest
 from gantry.events.catalog import DatasetCreated, JobLogLines, NodeHealth
 from gantry.protos.v1 import scheduler_pb2 as pb
 from gantry.testing.events import EventTap
+from gantry.testing.probes import readyz
 
 from .conftest import Running, job_yaml
 
@@ -257,3 +258,23 @@ async def test_rbac_denies_by_default(sched: Running) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await sched.stub.ListJobs(pb.ListJobsRequest())
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_readyz_answers_once_the_service_is_up(sched: Running) -> None:
+    assert await readyz(sched.service.metrics_port) == "200 ready\n"
+
+
+async def test_a_cpu_only_cluster_keeps_scheduling_after_its_nodes_change(sched: Running) -> None:
+    """Only CPU jobs ran so far, then the node set changed (a node joined or was lost): the
+    placement policy is rebuilt without any GPU task in its recent workload, and must still
+    place jobs (it once failed every scheduling pass from then on)."""
+    await sched.agents.register("cpu-1", gpus=0)
+    first = await sched.submit(job_yaml("first", gpus=0))
+    first = await sched.wait_state(first.id, "scheduled")
+    await sched.agents.report(first, "started")
+    await sched.agents.report(first, "succeeded")
+    await sched.wait_state(first.id, "succeeded")
+    await sched.agents.register("cpu-2", gpus=0)  # the cluster is rebuilt
+    second = await sched.submit(job_yaml("second", gpus=0))
+    second = await sched.wait_state(second.id, "scheduled")
+    assert len(second.placements) == 1

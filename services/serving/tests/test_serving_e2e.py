@@ -269,3 +269,10 @@ def test_history_in_audit_and_restored_after_restart(platform: Platform, admin: 
             assert time.monotonic() < deadline, actions
             time.sleep(0.3)
     assert len(records) >= 5
+
+
+def test_readyz_answers_once_the_service_is_up(platform: Platform) -> None:
+    metrics = str(platform.service_info("serving")["metrics"])  # http://host:port/metrics
+    with httpx.Client(timeout=10) as http:
+        ready = http.get(metrics.removesuffix("/metrics") + "/readyz")
+    assert (ready.status_code, ready.text) == (200, "ready\n")

@@ -32,6 +32,7 @@ from gantry.events.catalog import (
 )
 from gantry.supervisor import NatsServer
 from gantry.testing.agents import spawn_agent as spawn_agent_process
+from gantry.testing.probes import http_get, readyz
 from gantry.training_agent.__main__ import build_parser, inventory_from_args, main
 from gantry.training_agent.agent import CANNOT_START, NodeAgent
 from gantry.training_agent.governance import Grant
@@ -106,6 +107,12 @@ async def test_registers_its_inventory_then_heartbeats_with_increasing_seq(
     # signed with the agent's own platform key
     heads = [s.headers for s in env.watch.seen if s.subject == "gantry.node.registered"]
     assert heads[0]["Gantry-Signature"].startswith("svc-training-agent:")
+
+
+async def test_answers_its_probes_once_its_node_is_registered(agent: NodeAgent) -> None:
+    assert await readyz(agent.health_port) == "200 ready\n"
+    metrics = await asyncio.to_thread(http_get, agent.health_port, "/metrics")
+    assert metrics.startswith("200 ") and "python_info" in metrics
 
 
 def test_the_command_line_declares_hardware() -> None:

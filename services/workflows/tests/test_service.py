@@ -20,6 +20,7 @@ from gantry.protos.v1 import workflows_pb2_grpc as pb_grpc
 from gantry.security import TokenIssuer
 from gantry.security.keyring import Keyring
 from gantry.testing.events import EventTap
+from gantry.testing.probes import readyz
 
 from .conftest import CHURN, FakePlatform, serving, workflow_service
 
@@ -120,4 +121,19 @@ async def test_the_service_runs_a_pipeline_woken_by_job_events(
         assert again.controller.get(run_id).steps["train"].outputs["model"] == "churn:1"
     finally:
         again.stop()
+        await asyncio.wait_for(task, 20)
+
+
+async def test_readyz_answers_once_the_service_is_up(tmp_path: Path, nats_url: str) -> None:
+    data = tmp_path / "data"
+    Keyring(data / "keys").issuer(create=True)
+    service = workflow_service(data, nats_url, FakePlatform())
+    task = asyncio.create_task(service.run())
+    try:
+        async with asyncio.timeout(20):  # the run file is written once the service is ready
+            while not (data / "run" / "workflows.json").exists():
+                await asyncio.sleep(0.05)
+        assert await readyz(service.metrics_port) == "200 ready\n"
+    finally:
+        service.stop()
         await asyncio.wait_for(task, 20)

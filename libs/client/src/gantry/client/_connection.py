@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from gantry.client._rpc import ActAs, RpcClient
-from gantry.core import GantryError, InvalidInput
+from gantry.core import GantryError, InvalidInput, TlsSettings
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
 
 #: The largest message the client accepts (512 MiB). A table read answers one whole shard per
@@ -47,6 +47,7 @@ class GovernanceConnection(RpcClient):
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = 3600.0,
         act_as: ActAs | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -57,6 +58,7 @@ class GovernanceConnection(RpcClient):
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
             act_as=act_as,
+            tls=tls,
         )
         self._stub = pb_grpc.GovernanceServiceStub(self._channel)
         self._stream_timeout = stream_timeout_s

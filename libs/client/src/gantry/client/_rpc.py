@@ -8,7 +8,8 @@ from typing import Any, Self
 import grpc
 
 from gantry.client.errors import from_rpc_error
-from gantry.core import GantryError, InvalidInput
+from gantry.core import GantryError, InvalidInput, TlsSettings
+from gantry.security.tls import secure_or_insecure_channel
 
 #: The metadata a service sends to act on behalf of a user (the same keys as
 #: ``gantry.security.interceptor.ACT_AS_METADATA`` and ``ACT_AS_ROLES_METADATA``).
@@ -28,6 +29,10 @@ class RpcClient:
     ``act_as=(subject, roles)`` makes every call on behalf of that user, with those roles: only
     a service token the policy allows to ``impersonate`` (the ``workflows`` service) may do so,
     and the service then decides each call as it would for the user.
+
+    ``tls`` (``ClientSettings().tls``, from ``GANTRY_TLS__*``) makes the channel TLS — with
+    this client's certificate where the settings name one (mutual TLS); None or disabled
+    settings: plaintext.
     """
 
     service = ""
@@ -40,10 +45,11 @@ class RpcClient:
         timeout_s: float,
         options: Sequence[tuple[str, Any]] = (),
         act_as: ActAs | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         acting = _act_as_metadata(act_as)  # checked before a channel is opened
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=list(options))
+        self._channel = secure_or_insecure_channel(address, tls, options)
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         ) + acting

@@ -7,12 +7,17 @@
       keys/issuer.pem           the token-signing key
       keys/accounts/<name>.pem  service-account signing keys (key id sa-<name>)
       keys/trusted/<kid>.pub    public keys every Gantry process trusts
+
+``issue_certificates`` is what ``gantry admin certs`` runs: a development CA and one TLS
+certificate per service, for ``GANTRY_TLS__*`` (docs/security.md#tls).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.core import InvalidInput
@@ -24,6 +29,14 @@ from gantry.security.bootstrap import (
     init_data_dir,
     write_private_text,
 )
+from gantry.security.certificates import (
+    CA_CERT,
+    CertificateAuthority,
+    IssuedCertificate,
+    check_days,
+    check_name,
+    split_hosts,
+)
 from gantry.security.keyring import Keyring
 from gantry.security.principal import SERVICE_SUBJECTS
 
@@ -32,6 +45,20 @@ SERVICE_ROLE = "service"
 #: take their keys, nor, for workflows, the right to act on behalf of users.
 RESERVED_ACCOUNTS = SERVICE_SUBJECTS
 _ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+#: Who gets a TLS certificate by default: the services, the node agent, NATS and the CLI.
+CERTIFICATE_NAMES = (
+    "audit",
+    "governance",
+    "scheduler",
+    "serving",
+    "profiler",
+    "workflows",
+    "training-agent",
+    "nats",
+    "client",
+)
+#: Names every certificate answers to besides its own: the same machine.
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
 
 
 def keyring(data_dir: Path) -> Keyring:
@@ -102,15 +129,56 @@ def create_service_account(
     return token, ring.root / "accounts" / f"{name}.pem"
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """What :func:`issue_certificates` wrote: the CA certificate (and whether the CA is new)
+    and one certificate per name."""
+
+    ca_file: Path
+    created_ca: bool
+    issued: tuple[IssuedCertificate, ...]
+
+
+def issue_certificates(
+    out: Path,
+    names: Sequence[str] = CERTIFICATE_NAMES,
+    *,
+    hosts: Sequence[str] = (),
+    days: int = 365,
+) -> Certificates:
+    """A CA under ``out`` (an existing ``ca.crt`` + ``ca.key`` there is reused, so earlier
+    certificates stay valid) and a certificate and key per name, whose subject alternative
+    names are the name, ``localhost``, ``127.0.0.1`` and ``hosts``.
+
+    Raises :class:`InvalidInput` for a bad name or host (before anything is written) and
+    :class:`gantry.core.ConfigError` for an unusable CA in ``out``.
+    """
+    if not names:
+        raise InvalidInput("no names to issue certificates for", hint="give --name NAME")
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"a name is given twice in {list(names)}")
+    every_host = [*LOCAL_HOSTS, *hosts]
+    for name in names:  # everything is checked before anything is written
+        check_name(name)
+    split_hosts(every_host)
+    check_days(days)
+    ca, created = CertificateAuthority.load_or_create(Path(out))
+    issued = tuple(ca.write(Path(out), name, hosts=every_host, days=days) for name in names)
+    return Certificates(Path(out) / CA_CERT, created, issued)
+
+
 __all__ = [
     "ADMIN_ROLE",
+    "CERTIFICATE_NAMES",
     "DEFAULT_TTL",
     "RESERVED_ACCOUNTS",
+    "Certificates",
     "InitResult",
     "check_roles",
     "create_service_account",
     "create_token",
     "init",
+    "issue_certificates",
     "keyring",
     "write_private_text",
 ]

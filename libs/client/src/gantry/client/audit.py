@@ -10,12 +10,14 @@ import grpc
 import orjson
 
 from gantry.client._audit_compliance import ComplianceCalls
+from gantry.client._audit_tokens import TokenCalls
 from gantry.client.errors import from_rpc_error
-from gantry.core import IntegrityError
+from gantry.core import IntegrityError, TlsSettings
 from gantry.protos.v1 import audit_pb2 as pb
 from gantry.protos.v1 import audit_pb2_grpc as pb_grpc
 from gantry.security.keys import TrustStore
 from gantry.security.merkle import leaf_hash
+from gantry.security.tls import secure_or_insecure_channel
 from gantry.security.treehead import TreeHead, check_consistency, check_inclusion
 
 
@@ -51,12 +53,15 @@ def head_from_pb(m: pb.SignedTreeHead) -> TreeHead:
     return TreeHead(m.tree_size, m.root_hash, m.timestamp_ms, m.key_id, m.signature)
 
 
-class AuditClient(ComplianceCalls):
-    """A synchronous client of the audit service, authenticated with a bearer token."""
+class AuditClient(ComplianceCalls, TokenCalls):
+    """A synchronous client of the audit service, authenticated with a bearer token; over TLS
+    when ``tls`` (``ClientSettings().tls``, from ``GANTRY_TLS__*``) is enabled."""
 
-    def __init__(self, address: str, token: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, address: str, token: str, *, timeout_s: float = 30.0, tls: TlsSettings | None = None
+    ) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address)
+        self._channel = secure_or_insecure_channel(address, tls)
         self._stub = pb_grpc.AuditServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._timeout = timeout_s

@@ -13,7 +13,8 @@ from gantry.core.runfile import grpc_address, run_file
 class ClientSettings(CommonSettings):
     """Client settings: ``GANTRY_TOKEN``, ``GANTRY_AUDIT_ADDR``, ``GANTRY_GOVERNANCE_ADDR``,
     ``GANTRY_SCHEDULER_ADDR``, ``GANTRY_SERVING_ADDR``, ``GANTRY_PROFILER_ADDR``,
-    ``GANTRY_WORKFLOWS_ADDR``, ``GANTRY_DATA_DIR``."""
+    ``GANTRY_WORKFLOWS_ADDR``, ``GANTRY_DATA_DIR``, and ``GANTRY_TLS__*`` (:attr:`tls`, for the
+    clients' ``tls=``)."""
 
     token: str | None = Field(
         default=None,

@@ -145,13 +145,17 @@ def _poll(what: str, probe: Callable[[], T | None], timeout_s: float) -> T:
 
 
 async def _emit_events(
-    url: str, key_path: Path, count: int, run_id: str, console: Console
+    url: str, data_dir: Path, key_path: Path, count: int, run_id: str, console: Console
 ) -> list[str]:
     from gantry.client.emit import connect
 
     rng = random.Random(20260131)
     async with await connect(
-        source=SERVICE_ACCOUNT, actor="svc-feature-store", url=url, key_path=key_path
+        source=SERVICE_ACCOUNT,
+        actor="svc-feature-store",
+        url=url,
+        data_dir=data_dir,
+        key_path=key_path,
     ) as emitter:
         events = [
             emitter.build(
@@ -268,7 +272,9 @@ def run(
         with steps.step(f"service account {SERVICE_ACCOUNT!r} created"):
             _token, key_path = create_service_account(data_dir, SERVICE_ACCOUNT)
         with steps.step(f"{count:,} signed {EVENT_TYPE} events emitted"):
-            ids = asyncio.run(_emit_events(platform.nats_url, key_path, count, run_id, console))
+            ids = asyncio.run(
+                _emit_events(platform.nats_url, data_dir, key_path, count, run_id, console)
+            )
             summary.emitted = len(ids)
         with steps.step("auditor token created"):
             token = create_token(data_dir, "demo-auditor", ["auditor"], dt.timedelta(hours=1))

@@ -14,7 +14,10 @@
 
 Events are signed with the service account's key (``gantry admin service-account create``);
 the audit service refuses unsigned events. The NATS URL is, in order: ``url``, the running
-platform's ``<data_dir>/run/nats.json``, ``GANTRY_NATS__URL``.
+platform's ``<data_dir>/run/nats.json``, ``GANTRY_NATS__URL``. The NATS user is, in order:
+``user``/``password``, ``GANTRY_NATS__USER``/``GANTRY_NATS__PASSWORD``, the ``external`` user of
+the platform's ``<data_dir>/nats/credentials.env`` (outside services may publish only
+``ext.<service>.*`` events and data access reports).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from gantry.core import (
     load_settings,
 )
 from gantry.events import Bus, Emitter, EventEnvelope, Publisher, validate_event
+from gantry.events.nats_auth import password_of, read_credentials
+from gantry.events.topology import EXTERNAL_USER
 from gantry.security import SigningKey, load_or_create_signing_key
 from gantry.security.keyring import ACCOUNT_KID_PREFIX, SERVICE_KID_PREFIX
 
@@ -50,6 +55,22 @@ def resolve_nats_url(url: str | None = None, data_dir: Path | None = None) -> st
     except (OSError, ValueError, AttributeError):
         found = None
     return str(found) if found else settings.nats.url
+
+
+def resolve_nats_user(
+    user: str | None = None, password: str | None = None, data_dir: Path | None = None
+) -> tuple[str | None, str | None]:
+    """The NATS user and password to connect with (see the module's docstring for the order)."""
+    if user:
+        return user, password
+    settings = load_settings(CommonSettings)
+    if settings.nats.user:
+        return settings.nats.user, settings.nats.password
+    creds = Path(data_dir if data_dir is not None else settings.data_dir) / "nats"
+    creds = creds / "credentials.env"
+    if creds.is_file():
+        return EXTERNAL_USER, password_of(read_credentials(creds), EXTERNAL_USER)
+    return None, None
 
 
 def load_service_key(key_path: Path, kid: str | None = None) -> SigningKey:
@@ -86,6 +107,7 @@ async def connect(
     ``connect_timeout_s``.
     """
     signer = load_service_key(key_path, kid) if key_path is not None else None
+    user, password = resolve_nats_user(user, password, data_dir)
     settings = NatsSettings(
         url=resolve_nats_url(url, data_dir),
         user=user,
@@ -141,6 +163,8 @@ async def emit(
     subject: str | None = None,
     correlation_id: str | None = None,
     causation_id: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
 ) -> PubAck:
     """Connect, publish one event (checked against the catalog, signed), wait for the ack.
 
@@ -157,7 +181,14 @@ async def emit(
         causation_id=causation_id,
     )
     async with await connect(
-        source=source, actor=actor, url=url, data_dir=data_dir, key_path=key_path, kid=kid
+        source=source,
+        actor=actor,
+        url=url,
+        data_dir=data_dir,
+        key_path=key_path,
+        kid=kid,
+        user=user,
+        password=password,
     ) as emitter:
         return await emitter.publisher.publish(event)
 
@@ -169,4 +200,5 @@ __all__ = [
     "emit",
     "load_service_key",
     "resolve_nats_url",
+    "resolve_nats_user",
 ]

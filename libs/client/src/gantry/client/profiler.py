@@ -31,7 +31,7 @@ from typing import Any
 
 from gantry.client._rpc import ActAs, RpcClient
 from gantry.client.scheduler import ServerStream
-from gantry.core import IntegrityError, InvalidInput
+from gantry.core import IntegrityError, InvalidInput, TlsSettings
 from gantry.protos.v1 import profiler_pb2 as pb
 from gantry.protos.v1 import profiler_pb2_grpc as pb_grpc
 
@@ -442,8 +442,9 @@ class ProfilerClient(RpcClient):
         timeout_s: float = 30.0,
         download_timeout_s: float = 600.0,
         act_as: ActAs | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, bearer, timeout_s=timeout_s, act_as=act_as)
+        super().__init__(address, bearer, timeout_s=timeout_s, act_as=act_as, tls=tls)
         self._stub = pb_grpc.ProfilerServiceStub(self._channel)
         self._download_timeout = download_timeout_s
 

@@ -42,7 +42,7 @@ from gantry.client._sched_records import (
     UsageRow,
     WorkerPlacement,
 )
-from gantry.core import GantryError, InvalidInput
+from gantry.core import GantryError, InvalidInput, TlsSettings
 from gantry.protos.v1 import scheduler_pb2 as pb
 from gantry.protos.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -117,8 +117,9 @@ class SchedulerClient(RpcClient):
         timeout_s: float = 30.0,
         stream_timeout_s: float | None = None,
         act_as: ActAs | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, token, timeout_s=timeout_s, act_as=act_as)
+        super().__init__(address, token, timeout_s=timeout_s, act_as=act_as, tls=tls)
         self._stub = pb_grpc.SchedulerServiceStub(self._channel)
         self._stream_timeout = stream_timeout_s
 

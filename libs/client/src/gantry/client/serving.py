@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 
 from gantry.client._rpc import ActAs, RpcClient
-from gantry.core import InvalidInput
+from gantry.core import InvalidInput, TlsSettings
 from gantry.protos.inference import grpc_service_pb2 as ipb
 from gantry.protos.inference import grpc_service_pb2_grpc as ipb_grpc
 from gantry.protos.v1 import serving_pb2 as pb
@@ -179,6 +179,7 @@ class ServingClient(RpcClient):
         *,
         timeout_s: float = 120.0,
         act_as: ActAs | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -189,6 +190,7 @@ class ServingClient(RpcClient):
                 ("grpc.max_send_message_length", 64 << 20),
             ],
             act_as=act_as,
+            tls=tls,
         )
         self._stub = pb_grpc.ServingServiceStub(self._channel)
         self._infer = ipb_grpc.GRPCInferenceServiceStub(self._channel)

@@ -83,7 +83,7 @@ from gantry.client._session_records import (
     SessionGenerationInfo,
     SessionInfo,
 )
-from gantry.core import InvalidInput, Unavailable
+from gantry.core import InvalidInput, TlsSettings, Unavailable
 from gantry.protos.v1 import workflows_pb2 as pb
 from gantry.protos.v1 import workflows_pb2_grpc as pb_grpc
 
@@ -200,8 +200,9 @@ class WorkflowsClient(RpcClient):
         *,
         timeout_s: float = 30.0,
         act_as: ActAs | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, bearer, timeout_s=timeout_s, act_as=act_as)
+        super().__init__(address, bearer, timeout_s=timeout_s, act_as=act_as, tls=tls)
         self._stub = pb_grpc.WorkflowServiceStub(self._channel)
 
     # ------------------------------------------------------------------ pipelines

@@ -15,7 +15,7 @@ from gantry.core.errors import (
 )
 from gantry.core.ids import is_uuid, new_id
 from gantry.core.logging import configure_logging, get_logger
-from gantry.core.settings import CommonSettings, NatsSettings, load_settings
+from gantry.core.settings import CommonSettings, NatsSettings, TlsSettings, load_settings
 
 __all__ = [
     "AlreadyExists",
@@ -31,6 +31,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "SystemClock",
+    "TlsSettings",
     "Unauthenticated",
     "Unavailable",
     "configure_logging",

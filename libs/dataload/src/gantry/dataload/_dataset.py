@@ -147,10 +147,10 @@ class GovernedDataset(IterableDataset[Any]):
     ) -> GovernedDataset:
         """The dataset as a Gantry job sees it: grant, address and token from the environment.
 
-        Reads ``GANTRY_GOVERNANCE_ADDR``, ``GANTRY_TOKEN`` and ``GANTRY_DATA_GRANT`` once
-        (or takes ``settings``). Shards go through ``cache`` when given, else through the
-        node cache at ``GANTRY_DATA_CACHE_DIR`` when that is set. ``options`` are the other
-        constructor arguments.
+        Reads ``GANTRY_GOVERNANCE_ADDR``, ``GANTRY_TOKEN``, ``GANTRY_DATA_GRANT`` and
+        ``GANTRY_TLS__*`` once (or takes ``settings``). Shards go through ``cache`` when
+        given, else through the node cache at ``GANTRY_DATA_CACHE_DIR`` when that is set.
+        ``options`` are the other constructor arguments.
         """
         s = settings or load_settings(DataSettings)
         address, token, grant = s.require()
@@ -163,6 +163,7 @@ class GovernedDataset(IterableDataset[Any]):
             view=view,
             purpose=purpose,
             grant_file=str(s.data_grant_file or ""),
+            tls=s.tls,
         )
         if cache is None and s.data_cache_dir is not None:
             cache = NodeCache(s.data_cache_dir, s.data_cache_bytes)

@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 import grpc
 import pyarrow as pa
 
-from gantry.core import GantryError, IntegrityError, InvalidInput
+from gantry.core import GantryError, IntegrityError, InvalidInput, TlsSettings
 from gantry.dataload._errors import GrantRefused, map_rpc_error
 from gantry.dataload._process import process_lock
 from gantry.dataload._sources import ShardRef
 from gantry.protos.v1 import governance_pb2 as pb
 from gantry.protos.v1 import governance_pb2_grpc as pb_grpc
+from gantry.security.tls import secure_or_insecure_channel
 
 T = TypeVar("T")
 
@@ -41,7 +42,9 @@ class GovernanceShardSource:
     time of :meth:`list_shards`, which then pins the resolved version so every later read (in
     any worker) sees the same data. ``view`` ``""`` means the grant's view; an explicit view
     must equal it. ``timeout_s`` bounds each call; calls that fail with UNAVAILABLE are tried
-    ``retries`` more times, waiting ``retry_backoff_s`` then doubling.
+    ``retries`` more times, waiting ``retry_backoff_s`` then doubling. ``tls`` (the job's
+    ``GANTRY_TLS__*``, inherited from its node agent) makes the channel TLS when enabled; each
+    process reads the certificate files when it opens its channel.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class GovernanceShardSource:
         retries: int = 3,
         retry_backoff_s: float = 0.5,
         grant_file: str = "",
+        tls: TlsSettings | None = None,
     ) -> None:
         if not address:
             raise InvalidInput("no governance address", hint="set GANTRY_GOVERNANCE_ADDR")
@@ -81,6 +85,7 @@ class GovernanceShardSource:
         self._token = token
         self._grant = grant
         self.grant_file = grant_file
+        self.tls = tls
         self._grant_mtime: tuple[int, int, int] = (0, 0, 0)
         self._columns: list[pb.Column] | None = None
         self._policy_version = 0
@@ -95,7 +100,7 @@ class GovernanceShardSource:
             if self._stub is None or self._pid != os.getpid():
                 # After a fork the parent's channel must not be used (gRPC does not support
                 # it); drop the reference without closing it, the parent still owns it.
-                self._channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+                self._channel = secure_or_insecure_channel(self.address, self.tls, _CHANNEL_OPTIONS)
                 self._stub = pb_grpc.GovernanceServiceStub(self._channel)
                 self._pid = os.getpid()
             return self._stub

@@ -48,6 +48,15 @@ class AuthzDecision(EventData):
     )
 
 
+class TokenRevoked(EventData):
+    """An identity token was revoked before it expired; every service refuses it from now on."""
+
+    jti: str = Field(description="the token's id (its 'jti' claim)")
+    subject: str = Field(default="", description="whom the token named, when it was given")
+    expires_ms: int = Field(default=0, description="when the token would have expired")
+    reason: str = ""
+
+
 class AuditCheckpoint(EventData):
     """A signed tree head of the audit log."""
 
@@ -748,6 +757,9 @@ class EventSpec:
     schema_version: int
     model: builtins.type[EventData]
     description: str
+    #: The NATS users (platform services, or ``external`` for outside services) that may
+    #: publish this type: the source of the bus's publish permissions (gantry.events.topology).
+    publishers: tuple[str, ...] = ()
 
     @property
     def stream(self) -> str:
@@ -759,14 +771,22 @@ _CATALOG: dict[tuple[str, int], EventSpec] = {}
 
 
 def register(
-    type_: str, schema_version: int, model: type[EventData], description: str
+    type_: str,
+    schema_version: int,
+    model: type[EventData],
+    description: str,
+    *,
+    publishers: tuple[str, ...],
 ) -> EventSpec:
-    """Add an event type to the catalog (idempotent for the same model)."""
+    """Add an event type to the catalog (idempotent for the same model).
+
+    ``publishers`` names who may publish it; NATS enforces that (gantry.events.topology).
+    """
     key = (type_, schema_version)
     existing = _CATALOG.get(key)
     if existing is not None and existing.model is not model:
         raise InvalidInput(f"event type {type_} v{schema_version} is already registered")
-    spec = EventSpec(type_, schema_version, model, description)
+    spec = EventSpec(type_, schema_version, model, description, publishers)
     _CATALOG[key] = spec
     return spec
 
@@ -803,13 +823,32 @@ def validate_event(event: EventEnvelope) -> EventData | dict[str, Any]:
 
 
 AUTHZ_DECISION = register(
-    "gantry.authz.decision", 1, AuthzDecision, "An RBAC decision (allow or deny) on an API call."
+    "gantry.authz.decision",
+    1,
+    AuthzDecision,
+    "An RBAC decision (allow or deny) on an API call.",
+    publishers=("audit", "governance", "scheduler", "serving", "profiler", "workflows"),
+)
+TOKEN_REVOKED = register(
+    "gantry.authz.token.revoked",
+    1,
+    TokenRevoked,
+    "An identity token was revoked; services refuse it from then on.",
+    publishers=("audit",),
 )
 AUDIT_CHECKPOINT = register(
-    "gantry.audit.checkpoint", 1, AuditCheckpoint, "A signed tree head of the audit log."
+    "gantry.audit.checkpoint",
+    1,
+    AuditCheckpoint,
+    "A signed tree head of the audit log.",
+    publishers=("audit",),
 )
 AUDIT_QUERIED = register(
-    "gantry.audit.queried", 1, AuditQueried, "A compliance query against the audit log."
+    "gantry.audit.queried",
+    1,
+    AuditQueried,
+    "A compliance query against the audit log.",
+    publishers=("audit",),
 )
 AUDIT_ANOMALY = register(
     "gantry.audit.anomaly",
@@ -817,131 +856,265 @@ AUDIT_ANOMALY = register(
     AuditAnomaly,
     "Access behaviour departing from a principal's normal behaviour (raised, acknowledged, "
     "dismissed).",
+    publishers=("audit",),
 )
 AUDIT_REPORT_READY = register(
-    "gantry.audit.report.ready", 1, AuditReportReady, "A signed compliance report was stored."
+    "gantry.audit.report.ready",
+    1,
+    AuditReportReady,
+    "A signed compliance report was stored.",
+    publishers=("audit",),
 )
 AUDIT_ARCHIVED = register(
-    "gantry.audit.archived", 1, AuditArchived, "Old audit events were archived with proofs."
+    "gantry.audit.archived",
+    1,
+    AuditArchived,
+    "Old audit events were archived with proofs.",
+    publishers=("audit",),
 )
 AUDIT_PURGED = register(
-    "gantry.audit.purged", 1, AuditPurged, "Audit events past their retention were deleted."
+    "gantry.audit.purged",
+    1,
+    AuditPurged,
+    "Audit events past their retention were deleted.",
+    publishers=("audit",),
 )
 AUDIT_HOLD_CHANGED = register(
-    "gantry.audit.hold.changed", 1, AuditHoldChanged, "A legal hold was placed or released."
+    "gantry.audit.hold.changed",
+    1,
+    AuditHoldChanged,
+    "A legal hold was placed or released.",
+    publishers=("audit",),
 )
 AUDIT_RETENTION_CHANGED = register(
     "gantry.audit.retention.changed",
     1,
     AuditRetentionChanged,
     "A retention rule for audit events was set or removed.",
+    publishers=("audit",),
 )
 SUBJECT_ERASED = register(
     "gantry.data.subject.erased",
     1,
     SubjectErased,
     "A data subject was erased from new dataset versions; models to retrain are named.",
+    publishers=("governance",),
 )
-DATA_ACCESSED = register("gantry.data.accessed", 1, DataAccessed, "A dataset was read.")
+DATA_ACCESSED = register(
+    "gantry.data.accessed",
+    1,
+    DataAccessed,
+    "A dataset was read.",
+    publishers=("governance", "external"),
+)
 DATASET_CREATED = register(
-    "gantry.data.dataset.created", 1, DatasetCreated, "A dataset was registered."
+    "gantry.data.dataset.created",
+    1,
+    DatasetCreated,
+    "A dataset was registered.",
+    publishers=("governance",),
 )
 VERSION_COMMITTED = register(
-    "gantry.data.version.committed", 1, VersionCommitted, "A dataset version was committed."
+    "gantry.data.version.committed",
+    1,
+    VersionCommitted,
+    "A dataset version was committed.",
+    publishers=("governance",),
 )
 VIEW_POLICY_CHANGED = register(
-    "gantry.data.policy.changed", 1, ViewPolicyChanged, "A view policy got a new version."
+    "gantry.data.policy.changed",
+    1,
+    ViewPolicyChanged,
+    "A view policy got a new version.",
+    publishers=("governance",),
 )
-GRANT_ISSUED = register("gantry.data.grant.issued", 1, GrantIssued, "A job got a read grant.")
+GRANT_ISSUED = register(
+    "gantry.data.grant.issued",
+    1,
+    GrantIssued,
+    "A job got a read grant.",
+    publishers=("governance",),
+)
 GRANT_REVOKED = register(
-    "gantry.data.grant.revoked", 1, GrantRevoked, "A job's read grant was revoked."
+    "gantry.data.grant.revoked",
+    1,
+    GrantRevoked,
+    "A job's read grant was revoked.",
+    publishers=("governance",),
 )
 KEYS_ROTATED = register(
-    "gantry.data.keys.rotated", 1, KeysRotated, "The storage key-encryption key was rotated."
+    "gantry.data.keys.rotated",
+    1,
+    KeysRotated,
+    "The storage key-encryption key was rotated.",
+    publishers=("governance",),
 )
 GARBAGE_COLLECTED = register(
-    "gantry.data.gc.completed", 1, GarbageCollected, "Unreferenced content was removed."
+    "gantry.data.gc.completed",
+    1,
+    GarbageCollected,
+    "Unreferenced content was removed.",
+    publishers=("governance",),
 )
 MODEL_REGISTERED = register(
-    "gantry.model.registered", 1, ModelRegistered, "A model version was registered."
+    "gantry.model.registered",
+    1,
+    ModelRegistered,
+    "A model version was registered.",
+    publishers=("governance",),
 )
-JOB_SCHEDULED = register("gantry.job.scheduled", 1, JobScheduled, "A job was placed on nodes.")
-JOB_SUBMITTED = register("gantry.job.submitted", 1, JobSubmitted, "A job was accepted.")
-JOB_STATE = register("gantry.job.state", 1, JobStateChanged, "A job changed state.")
+JOB_SCHEDULED = register(
+    "gantry.job.scheduled", 1, JobScheduled, "A job was placed on nodes.", publishers=("scheduler",)
+)
+JOB_SUBMITTED = register(
+    "gantry.job.submitted", 1, JobSubmitted, "A job was accepted.", publishers=("scheduler",)
+)
+JOB_STATE = register(
+    "gantry.job.state", 1, JobStateChanged, "A job changed state.", publishers=("scheduler",)
+)
 JOB_STOP_REQUESTED = register(
-    "gantry.job.stop.requested", 1, JobStopRequested, "Workers are asked to checkpoint and stop."
+    "gantry.job.stop.requested",
+    1,
+    JobStopRequested,
+    "Workers are asked to checkpoint and stop.",
+    publishers=("scheduler",),
 )
 JOB_WORKERS = register(
-    "gantry.job.workers", 1, JobWorkersReported, "A node agent reports on a job's workers."
+    "gantry.job.workers",
+    1,
+    JobWorkersReported,
+    "A node agent reports on a job's workers.",
+    publishers=("training-agent",),
 )
-JOB_LOG = register("gantry.log.job", 1, JobLogLines, "Log lines of a job's worker.")
-JOB_USAGE = register("gantry.job.usage", 1, JobUsage, "Resources a job attempt consumed.")
+JOB_LOG = register(
+    "gantry.log.job", 1, JobLogLines, "Log lines of a job's worker.", publishers=("training-agent",)
+)
+JOB_USAGE = register(
+    "gantry.job.usage", 1, JobUsage, "Resources a job attempt consumed.", publishers=("scheduler",)
+)
 JOB_PROGRESS = register(
-    "gantry.metrics.job.progress", 1, JobProgress, "How far a job's training is."
+    "gantry.metrics.job.progress",
+    1,
+    JobProgress,
+    "How far a job's training is.",
+    publishers=("training-agent",),
 )
 JOB_STEP_METRICS = register(
-    "gantry.metrics.job.step", 1, JobStepMetrics, "A worker's step timings over a window."
+    "gantry.metrics.job.step",
+    1,
+    JobStepMetrics,
+    "A worker's step timings over a window.",
+    publishers=("training-agent",),
 )
 JOB_PROFILE_FINDING = register(
     "gantry.job.profile.finding",
     1,
     JobProfileFinding,
     "The profiler found a straggler, imbalance or bottleneck in a job, or saw it end.",
+    publishers=("profiler",),
 )
 TRACE_REQUESTED = register(
-    "gantry.job.trace.requested", 1, TraceRequested, "A deep trace of a job was asked for."
+    "gantry.job.trace.requested",
+    1,
+    TraceRequested,
+    "A deep trace of a job was asked for.",
+    publishers=("profiler",),
 )
 TRACE_READY = register(
-    "gantry.job.trace.ready", 1, TraceReady, "A deep trace of a rank was stored (or failed)."
+    "gantry.job.trace.ready",
+    1,
+    TraceReady,
+    "A deep trace of a rank was stored (or failed).",
+    publishers=("profiler",),
 )
 NODE_REGISTERED = register(
-    "gantry.node.registered", 1, NodeRegistered, "A node agent registered its inventory."
+    "gantry.node.registered",
+    1,
+    NodeRegistered,
+    "A node agent registered its inventory.",
+    publishers=("training-agent",),
 )
 NODE_HEARTBEAT = register(
-    "gantry.metrics.node.heartbeat", 1, NodeHeartbeat, "A node agent is alive."
+    "gantry.metrics.node.heartbeat",
+    1,
+    NodeHeartbeat,
+    "A node agent is alive.",
+    publishers=("training-agent",),
 )
-NODE_LOST = register("gantry.node.lost", 1, NodeLost, "A node missed its heartbeats.")
-NODE_DEGRADED = register("gantry.node.degraded", 1, NodeHealth, "A node was marked degraded.")
-NODE_RECOVERED = register("gantry.node.recovered", 1, NodeHealth, "A node recovered.")
-QUEUE_CHANGED = register("gantry.job.queue.changed", 1, QueueChanged, "A queue quota changed.")
+NODE_LOST = register(
+    "gantry.node.lost", 1, NodeLost, "A node missed its heartbeats.", publishers=("scheduler",)
+)
+NODE_DEGRADED = register(
+    "gantry.node.degraded", 1, NodeHealth, "A node was marked degraded.", publishers=("profiler",)
+)
+NODE_RECOVERED = register(
+    "gantry.node.recovered", 1, NodeHealth, "A node recovered.", publishers=("profiler",)
+)
+QUEUE_CHANGED = register(
+    "gantry.job.queue.changed", 1, QueueChanged, "A queue quota changed.", publishers=("scheduler",)
+)
 SERVING_CHANGED = register(
-    "gantry.serving.deployment.changed", 1, ServingChanged, "A deployment or its traffic changed."
+    "gantry.serving.deployment.changed",
+    1,
+    ServingChanged,
+    "A deployment or its traffic changed.",
+    publishers=("serving",),
 )
 SERVING_VERSION = register(
-    "gantry.serving.version.state", 1, ServingVersionState, "A deployed version loaded or failed."
+    "gantry.serving.version.state",
+    1,
+    ServingVersionState,
+    "A deployed version loaded or failed.",
+    publishers=("serving",),
 )
 SERVING_SCALED = register(
-    "gantry.serving.scaled", 1, ServingScaled, "A deployed version's instances were scaled."
+    "gantry.serving.scaled",
+    1,
+    ServingScaled,
+    "A deployed version's instances were scaled.",
+    publishers=("serving",),
 )
 DEV_SESSION_CHANGED = register(
     "gantry.workflow.session.changed",
     1,
     DevSessionChanged,
     "A dev session started, was culled, expired, stopped, preempted or resumed.",
+    publishers=("workflows",),
 )
 EXPERIMENT_CHANGED = register(
     "gantry.workflow.experiment.changed",
     1,
     ExperimentChanged,
     "An experiment (hyperparameter search) changed state.",
+    publishers=("workflows",),
 )
 TRIAL_CHANGED = register(
-    "gantry.workflow.trial.changed", 1, TrialChanged, "A trial of an experiment changed state."
+    "gantry.workflow.trial.changed",
+    1,
+    TrialChanged,
+    "A trial of an experiment changed state.",
+    publishers=("workflows",),
 )
 JOB_EVALUATION = register(
     "gantry.metrics.job.evaluation",
     1,
     JobEvaluation,
     "A job evaluated its model during training (held-out metrics after an epoch).",
+    publishers=("training-agent",),
 )
 WORKFLOW_RUN_CHANGED = register(
-    "gantry.workflow.run.changed", 1, WorkflowRunChanged, "A pipeline run changed state."
+    "gantry.workflow.run.changed",
+    1,
+    WorkflowRunChanged,
+    "A pipeline run changed state.",
+    publishers=("workflows",),
 )
 WORKFLOW_STEP_CHANGED = register(
     "gantry.workflow.step.changed",
     1,
     WorkflowStepChanged,
     "A step of a pipeline run changed state (its job, outputs and lineage).",
+    publishers=("workflows",),
 )
 
 __all__ = [
@@ -984,6 +1157,7 @@ __all__ = [
     "SERVING_SCALED",
     "SERVING_VERSION",
     "SUBJECT_ERASED",
+    "TOKEN_REVOKED",
     "TRACE_READY",
     "TRACE_REQUESTED",
     "TRIAL_CHANGED",
@@ -1035,6 +1209,7 @@ __all__ = [
     "ServingVersionState",
     "ServingVersionWeight",
     "SubjectErased",
+    "TokenRevoked",
     "TraceReady",
     "TraceRequested",
     "TrialChanged",

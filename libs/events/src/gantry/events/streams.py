@@ -19,6 +19,9 @@ class StreamDef:
 
 
 DEAD_LETTER_PREFIX = "gantry.deadletter"
+#: The JetStream key-value bucket of revoked identity tokens (key: the token's jti), written by
+#: the audit service and watched by every service with an API (gantry.security.revocations).
+REVOCATIONS_BUCKET = "gantry-revocations"
 
 STREAMS: tuple[StreamDef, ...] = (
     StreamDef("JOBS", ("gantry.job.>",), description="Job lifecycle"),
@@ -81,6 +84,7 @@ def stream(name: str) -> StreamDef:
 __all__ = [
     "AUDITED_STREAMS",
     "DEAD_LETTER_PREFIX",
+    "REVOCATIONS_BUCKET",
     "STREAMS",
     "StreamDef",
     "stream",

@@ -5,6 +5,7 @@ This is what ``gantry admin init`` and ``gantry up`` (on a fresh data directory)
     <data_dir>/
       admin.token               a platform-admin token (mode 0600), renewed by every init
       keys/...                  see gantry.security.keyring
+      nats/credentials.env      one NATS password per user (mode 0600; gantry.events.nats_auth)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from gantry.events.nats_auth import ensure_credentials
 from gantry.security.keyring import Keyring
 from gantry.security.tokens import TokenIssuer
 
@@ -32,6 +34,7 @@ class InitResult:
     issuer_kid: str
     created_keys: bool
     token_path: Path
+    nats_credentials_path: Path
 
     @property
     def trusted_dir(self) -> Path:
@@ -42,7 +45,8 @@ class InitResult:
 def init_data_dir(data_dir: Path, *, ttl: dt.timedelta = DEFAULT_TTL) -> InitResult:
     """Create the key directory and write a fresh admin token to ``<data_dir>/admin.token``.
 
-    Idempotent: existing keys are kept; every run issues a new admin token (valid ``ttl``).
+    Idempotent: existing keys and NATS passwords are kept; every run issues a new admin token
+    (valid ``ttl``).
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -52,7 +56,9 @@ def init_data_dir(data_dir: Path, *, ttl: dt.timedelta = DEFAULT_TTL) -> InitRes
     token = TokenIssuer(issuer).issue(ADMIN_SUBJECT, [ADMIN_ROLE], ttl)
     token_path = data_dir / "admin.token"
     write_private_text(token_path, token + "\n")
-    return InitResult(data_dir, ring.root, issuer.kid, created, token_path)
+    nats_credentials = data_dir / "nats" / "credentials.env"
+    ensure_credentials(nats_credentials)
+    return InitResult(data_dir, ring.root, issuer.kid, created, token_path, nats_credentials)
 
 
 def write_private_text(path: Path, text: str) -> None:

@@ -18,8 +18,10 @@ import jwt
 from jwt.utils import base64url_decode
 
 from gantry.core import Clock, InvalidInput, SystemClock, Unauthenticated, new_id
+from gantry.security.keyring import SERVICE_KID_PREFIX
 from gantry.security.keys import SigningKey, TrustStore
 from gantry.security.principal import Principal, PrincipalKind
+from gantry.security.revocations import RevocationList
 
 ALGORITHM = "EdDSA"
 DEFAULT_ISSUER = "gantry"
@@ -142,8 +144,9 @@ class TokenVerifier:
 
     Every refusal is :class:`Unauthenticated` with a message specific to the problem: malformed
     token, missing or unknown key id, bad signature, expired, not yet valid, missing or
-    malformed claims, wrong issuer, or (when ``known_roles`` is given) a role the RBAC policy
-    does not define. ``leeway_s`` tolerates clock skew on the time checks.
+    malformed claims, wrong issuer, (when ``known_roles`` is given) a role the RBAC policy
+    does not define, or (with ``revocations``) a token revoked before its expiry.
+    ``leeway_s`` tolerates clock skew on the time checks.
     """
 
     def __init__(
@@ -153,8 +156,12 @@ class TokenVerifier:
         known_roles: frozenset[str] | None = None,
         leeway_s: float = 5,
         issuer: str = DEFAULT_ISSUER,
+        revocations: RevocationList | None = None,
+        service_trust: TrustStore | None = None,
     ) -> None:
         self._trust = trust
+        self.revocations = revocations
+        self._service_trust = service_trust
         self._clock = clock
         self._known_roles = known_roles
         self._leeway = leeway_s
@@ -175,6 +182,18 @@ class TokenVerifier:
             return principal
         return self._principal(claims)
 
+    def inspect(self, token: str) -> tuple[str, str, int]:
+        """The ``(jti, sub, exp)`` of a token whose signature checks out, expired or not.
+
+        For revoking a token: its claims are read only once its signature proves it is one of
+        ours; Unauthenticated otherwise.
+        """
+        claims = self._verify_signature(token)
+        jti, sub = claims.get("jti"), claims.get("sub")
+        if not isinstance(jti, str) or not jti:
+            raise Unauthenticated("token has no 'jti' claim", hint=_RENEW_HINT)
+        return jti, sub if isinstance(sub, str) else "", _int_claim(claims, "exp")
+
     def _verify_signature(self, token: str) -> dict[str, Any]:
         if not isinstance(token, str) or not token.isascii() or token.count(".") != 2:
             raise Unauthenticated(
@@ -193,6 +212,7 @@ class TokenVerifier:
                 f"token algorithm {header.get('alg')!r} is not accepted; only {ALGORITHM} is",
                 hint=_RENEW_HINT,
             )
+        service_kid = kid.startswith(SERVICE_KID_PREFIX) and self._service_trust is not None
         signing_input, _, encoded_signature = token.rpartition(".")
         try:
             signature = base64url_decode(encoded_signature)
@@ -200,9 +220,10 @@ class TokenVerifier:
             raise Unauthenticated(
                 "malformed token: the signature segment is not base64url", hint=_RENEW_HINT
             ) from None
+        trust = self._service_trust if service_kid and self._service_trust else self._trust
         try:
             # Through TrustStore.verify, so stores that reload keys on demand work here too.
-            self._trust.verify(kid, signing_input.encode("ascii"), signature)
+            trust.verify(kid, signing_input.encode("ascii"), signature)
         except Unauthenticated as exc:
             raise Unauthenticated(f"token refused: {exc.message}", hint=exc.hint) from None
         try:
@@ -211,6 +232,8 @@ class TokenVerifier:
             )
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"malformed token: {exc}", hint=_RENEW_HINT) from None
+        if service_kid:
+            _check_self_signed(kid, claims)
         return claims
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
@@ -243,6 +266,13 @@ class TokenVerifier:
                 f"token is not valid before {_iso(max(nbf, iat))}",
                 hint="check this machine's clock, or wait until then",
             )
+        if self.revocations is not None:
+            revoked = self.revocations.revoked(jti)
+            if revoked is not None:
+                why = f": {revoked.reason}" if revoked.reason else ""
+                raise Unauthenticated(
+                    f"token {jti} was revoked{why}", hint="ask a platform-admin for a new token"
+                )
         if self._known_roles is not None:
             for role in roles:
                 if role not in self._known_roles:
@@ -259,6 +289,24 @@ class TokenVerifier:
         )
 
 
+def _check_self_signed(kid: str, claims: dict[str, Any]) -> None:
+    """A token signed by a service's own key proves that service and nothing more: its subject
+    is the service (``svc-<name>`` signs for ``<name>``), its kind ``service``, its one role
+    ``service`` (what the service may do comes from the policy's bindings). So no service
+    needs the platform's token-signing key, and one cannot vouch for another."""
+    name = kid[len(SERVICE_KID_PREFIX) :]
+    if claims.get("sub") != name or claims.get("kind") != "service":
+        raise Unauthenticated(
+            f"a token signed by service key {kid} may only name service {name!r}, not "
+            f"{claims.get('sub')!r} ({claims.get('kind')!r})"
+        )
+    if claims.get("roles") != ["service"]:
+        raise Unauthenticated(
+            f"a token signed by service key {kid} may only claim the role 'service'",
+            hint="what a service may do comes from the RBAC policy's bindings",
+        )
+
+
 def _int_claim(claims: dict[str, Any], name: str) -> int:
     value = claims[name]
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_EPOCH_S:
@@ -271,8 +319,9 @@ def _iso(epoch_s: int) -> str:
 
 
 class ServiceToken:
-    """A service's own token: the configured one, else one issued (and renewed before it
-    expires) with the issuer key that ``issuer`` loads — the embedded platform's way."""
+    """A service's own token: the configured one, else one it signs (and renews before it
+    expires) with the key ``issuer`` loads — its own service key (``svc-<name>``), which
+    verifiers given a ``service_trust`` accept for that service alone."""
 
     def __init__(
         self,

@@ -2,6 +2,11 @@
 
 Used by ``gantry up`` and by the test harness. Port 0 means "any free port": the server is
 started with ``-p -1`` and the port is read back from its own log line, as is readiness.
+
+Optionally the server gets a configuration file of its own (``<store_dir>/gantry-nats.conf``):
+users and permissions (``auth_conf``, passwords filled from ``env``), JetStream with an fsync
+after every write (``sync_always``: the durable setting, since acknowledged writes were lost
+under the default lazy fsync in Jepsen's 2025 analysis), and membership of a cluster.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.core import ConfigError, Unavailable
@@ -50,11 +57,23 @@ def port_is_free(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) != 0
 
 
+@dataclass(frozen=True)
+class ClusterSpec:
+    """This server's place in a JetStream cluster: its route port and every route."""
+
+    name: str
+    port: int
+    routes: Sequence[str]
+    #: Address the route port binds to; None = the server's client address.
+    host: str | None = None
+
+
 class NatsServer:
     """One nats-server process with JetStream and a file store.
 
     ``port=0`` picks a free port at first start; :meth:`restart` keeps the port and the store,
-    so clients can reconnect and durable state survives.
+    so clients can reconnect and durable state survives. ``auth_conf`` is an ``authorization``
+    block (gantry.events.nats_auth) whose ``$VAR`` passwords come from ``env``.
     """
 
     def __init__(
@@ -65,6 +84,11 @@ class NatsServer:
         host: str = "127.0.0.1",
         binary: str | None = None,
         name: str = "gantry",
+        auth_conf: str | None = None,
+        env: Mapping[str, str] | None = None,
+        sync_always: bool = False,
+        cluster: ClusterSpec | None = None,
+        netns: str | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -72,7 +96,37 @@ class NatsServer:
         self.name = name
         self.binary = find_nats_server(binary)
         self.log_path = self.store_dir / "nats-server.log"
+        self.auth_conf = auth_conf
+        self.env = dict(env or {})
+        self.sync_always = sync_always
+        self.cluster = cluster
+        #: Run the server inside this network namespace (``ip netns exec``; root only).
+        self.netns = netns
         self._proc: subprocess.Popen[bytes] | None = None
+
+    def _config_file(self) -> Path | None:
+        """Write this server's configuration file, or None when flags are enough."""
+        if self.auth_conf is None and not self.sync_always and self.cluster is None:
+            return None
+        lines = [f'jetstream {{\n  store_dir: "{self.store_dir}"']
+        if self.sync_always:
+            lines.append("  sync_interval: always")
+        lines.append("}")
+        if self.auth_conf is not None:
+            auth = self.store_dir / "auth.conf"
+            auth.write_text(self.auth_conf, encoding="utf-8")
+            auth.chmod(0o600)
+            lines.append('include "auth.conf"')
+        if self.cluster is not None:
+            routes = "".join(f'    "{r}"\n' for r in self.cluster.routes)
+            lines.append(
+                f'cluster {{\n  name: "{self.cluster.name}"\n'
+                f'  listen: "{self.cluster.host or self.host}:{self.cluster.port}"\n'
+                f"  routes: [\n{routes}  ]\n}}"
+            )
+        path = self.store_dir / "gantry-nats.conf"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
 
     @property
     def url(self) -> str:
@@ -93,12 +147,20 @@ class NatsServer:
         """Start the server and wait for its ready line; raise :class:`Unavailable` if it fails."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        config = self._config_file()
         args = [
-            self.binary, "-js", "-a", self.host, "-p", str(self.port or -1),
-            "-sd", str(self.store_dir), "-n", self.name, "-l", str(self.log_path),
+            self.binary, "-a", self.host, "-p", str(self.port or -1),
+            "-n", self.name, "-l", str(self.log_path),
         ]  # fmt: skip
+        if config is not None:
+            args += ["-c", str(config)]  # JetStream and its store are in the file
+        else:
+            args += ["-js", "-sd", str(self.store_dir)]
+        if self.netns is not None:
+            args = ["ip", "netns", "exec", self.netns, *args]
         self._proc = subprocess.Popen(
             args,
+            env={**os.environ, **self.env} if self.env else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -170,4 +232,4 @@ class NatsServer:
         self.stop()
 
 
-__all__ = ["NatsServer", "find_nats_server", "port_is_free"]
+__all__ = ["ClusterSpec", "NatsServer", "find_nats_server", "port_is_free"]

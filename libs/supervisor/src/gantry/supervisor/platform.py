@@ -13,12 +13,18 @@ answers SERVING; a node agent is ready when it logs that it registered its node 
 Files the platform keeps under ``<data_dir>/run/``:
 
     nats.json          {"url": ..., "pid": ...}  where the event bus listens (read by the SDK)
+
+NATS runs with one user per service, as on a cluster (gantry.events.topology): each child gets
+its own user and password (``<data_dir>/nats/credentials.env``, mode 0600), so a service can
+publish only its own event types and read only the streams it consumes. The platform creates
+the streams as ``admin`` before any service starts.
     <service>.json     written by each service: pid, gRPC address, metrics URL
     platform.lock      held while a platform runs, so two never share one data directory
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import fcntl
@@ -39,7 +45,15 @@ from typing import IO, Any, Literal
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gantry.core import Conflict, InvalidInput, NotFound, Unavailable
+from gantry.core import Conflict, InvalidInput, NatsSettings, NotFound, Unavailable
+from gantry.events import Bus
+from gantry.events.nats_auth import (
+    ensure_credentials,
+    password_of,
+    render_auth_conf,
+    write_credentials,
+)
+from gantry.events.topology import ADMIN_USER, SERVICE_USERS
 from gantry.security.bootstrap import init_data_dir
 from gantry.supervisor.nats_server import NatsServer, port_is_free
 
@@ -75,6 +89,9 @@ class LocalAgent:
     memory: str | None = None
     heartbeat_s: float | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Run the agent inside this network namespace (``ip netns exec``; root only), as if on
+    #: a host of its own.
+    netns: str | None = None
 
     def __post_init__(self) -> None:
         for what, value in (("node", self.node), ("pool", self.pool)):
@@ -113,7 +130,23 @@ class LocalAgent:
             argv += ["--heartbeat", f"{self.heartbeat_s:g}"]
         for key, value in sorted(self.labels.items()):
             argv += ["--label", f"{key}={value}"]
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
         return argv
+
+
+@dataclass(frozen=True)
+class ExternalNats:
+    """A NATS server or cluster the platform uses instead of starting its own.
+
+    ``url`` lists the servers (comma separated); ``credentials`` maps each user's password
+    variable (``GANTRY_NATS_<USER>_PASSWORD``) to its password, as ``gantry admin init``
+    writes them; ``stream_replicas`` is 3 on a three-server cluster.
+    """
+
+    url: str
+    credentials: Mapping[str, str]
+    stream_replicas: int = 1
 
 
 def local_agents(
@@ -207,6 +240,7 @@ class Platform:
         service_env: Mapping[str, str] | None = None,
         log_sink: Callable[[str], None] | None = None,
         initializer: Callable[[Path], object] | None = None,
+        nats: ExternalNats | None = None,
     ) -> None:
         if not 0 <= nats_port <= 65535:
             raise InvalidInput(f"NATS port must be between 0 and 65535, not {nats_port}")
@@ -230,6 +264,9 @@ class Platform:
         self._sink_lock = threading.Lock()
         self._initializer = initializer
         self._nats: NatsServer | None = None
+        self._external = nats
+        self._started = False
+        self._nats_credentials: dict[str, str] = dict(nats.credentials) if nats else {}
         self._children: dict[str, _Child] = {}
         self._stopping = threading.Event()
         self._lock_file: IO[bytes] | None = None
@@ -244,10 +281,19 @@ class Platform:
 
     @property
     def nats_url(self) -> str:
-        """URL of the platform's NATS server (valid once started)."""
+        """URL of the platform's NATS server(s) (valid once started)."""
+        if self._external is not None and self._started:
+            return self._external.url
         if self._nats is None:
             raise Unavailable("the platform is not started", hint="call start() first")
         return self._nats.url
+
+    def nats_url_for(self, user: str = ADMIN_USER) -> str:
+        """The NATS URL(s) with ``user``'s credentials in them (tests and tools; keep private)."""
+        secret = password_of(self._nats_credentials, user)
+        return ",".join(
+            u.replace("nats://", f"nats://{user}:{secret}@", 1) for u in self.nats_url.split(",")
+        )
 
     @property
     def nats_port(self) -> int:
@@ -295,7 +341,7 @@ class Platform:
         during start-up or is not ready within ``timeout_s``; everything started so far is
         stopped again first. Raises :class:`Conflict` if another platform uses ``data_dir``.
         """
-        if self._nats is not None:
+        if self._nats is not None or self._started:
             raise Conflict("the platform is already started", hint="call stop() first")
         deadline = time.monotonic() + timeout_s
         self._stopping.clear()
@@ -331,6 +377,7 @@ class Platform:
         for child in children:
             self._reap(child, deadline, keep_nats=True)
         self._children.clear()
+        self._started = False
         if self._nats is not None:
             nats, self._nats = self._nats, None
             nats.stop(timeout_s)
@@ -436,26 +483,87 @@ class Platform:
         initializer(self.data_dir)
 
     def _start_nats(self, timeout_s: float) -> None:
+        if self._external is not None:
+            # Tools that read the data directory (the SDK, the CLI) find these credentials.
+            write_credentials(self.data_dir / "nats" / "credentials.env", self._nats_credentials)
+            self._started = True
+            self._create_streams()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            _write_json(self.run_dir / "nats.json", {"url": self._external.url, "pid": None})
+            self._log(f"gantry | using the NATS servers at {self._external.url}")
+            return
         port = self.preferred_nats_port
         if port and not port_is_free("127.0.0.1", port):
             self._log(
                 f"gantry | port {port} is taken (another NATS server?); using a free port instead"
             )
             port = 0
-        self._nats = NatsServer(self.data_dir / "nats", port=port)
+        self._nats_credentials = ensure_credentials(self.data_dir / "nats" / "credentials.env")
+        self._nats = NatsServer(
+            self.data_dir / "nats",
+            port=port,
+            auth_conf=render_auth_conf(),
+            env=self._nats_credentials,
+        )
         self._nats.start(timeout_s)
+        self._create_streams()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.run_dir / "nats.json", {"url": self._nats.url, "pid": self._nats.pid})
         self._log(f"gantry | nats-server listening on {self._nats.url}")
 
+    def _create_streams(self) -> None:
+        """Create (or update) every stream as the admin user, as a cluster's set-up job does."""
+        settings = NatsSettings(
+            url=self.nats_url,
+            user=ADMIN_USER,
+            password=password_of(self._nats_credentials, ADMIN_USER),
+            stream_replicas=self._stream_replicas,
+        )
+
+        async def create() -> None:
+            bus = await Bus.connect(settings, name="gantry-up")
+            try:
+                await bus.ensure_streams()
+            finally:
+                await bus.close()
+
+        failure: list[BaseException] = []
+
+        def run() -> None:  # its own thread: the caller may be inside an event loop
+            try:
+                asyncio.run(create())
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="gantry-streams")
+        thread.start()
+        thread.join()
+        if failure:
+            raise failure[0]
+
+    @property
+    def _stream_replicas(self) -> int:
+        return self._external.stream_replicas if self._external is not None else 1
+
+    def _nats_user(self, name: str) -> str:
+        """The NATS user a child connects as: its own, or admin for a service not in the
+        catalog's topology."""
+        if self._agent(name) is not None:
+            return "training-agent"
+        return name if name in SERVICE_USERS else ADMIN_USER
+
     def _env(self, name: str) -> dict[str, str]:
-        """A child's environment: where NATS and the data are, JSON logs; services also get
-        free ports (their run files say which)."""
+        """A child's environment: where NATS and the data are, its NATS user, JSON logs;
+        services also get free ports (their run files say which)."""
         env = dict(os.environ)
+        user = self._nats_user(name)
         env.update(
             {
                 "GANTRY_DATA_DIR": str(self.data_dir),
                 "GANTRY_NATS__URL": self.nats_url,
+                "GANTRY_NATS__USER": user,
+                "GANTRY_NATS__PASSWORD": password_of(self._nats_credentials, user),
+                "GANTRY_NATS__STREAM_REPLICAS": str(self._stream_replicas),
                 "GANTRY_LOG_JSON": "true",
                 "PYTHONUNBUFFERED": "1",
             }
@@ -577,12 +685,22 @@ class Platform:
 
 
 def _serving(address: str) -> bool:
-    """True when the gRPC health service at ``address`` says SERVING for the whole server."""
+    """True when the gRPC health service at ``address`` says SERVING for the whole server.
+
+    The services inherit this process's environment, so they serve TLS exactly when its
+    ``GANTRY_TLS__*`` say so, and the check asks the same way (with the same client
+    certificate). Settings or files that cannot be used count as not serving: the service
+    reads the same ones, fails on them, and its log says why.
+    """
+    from gantry.core import CommonSettings, ConfigError, load_settings
+    from gantry.security.tls import secure_or_insecure_channel
+
     try:
-        with grpc.insecure_channel(address) as channel:
+        tls = load_settings(CommonSettings).tls
+        with secure_or_insecure_channel(address, tls) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-    except grpc.RpcError:
+    except (grpc.RpcError, ConfigError):
         return False
     return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
 
@@ -612,6 +730,7 @@ __all__ = [
     "AGENT_MODULE",
     "DEFAULT_NATS_PORT",
     "DEFAULT_SERVICES",
+    "ExternalNats",
     "LocalAgent",
     "Platform",
     "local_agents",

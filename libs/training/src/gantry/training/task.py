@@ -129,6 +129,7 @@ class DataContext:
             grant,
             view=use.view,
             grant_file=str(settings.data_grant_file or ""),
+            tls=settings.tls,
         )
         try:
             parts = [decode_shard(source.fetch(ref.id)) for ref in source.list_shards()]

@@ -19,6 +19,8 @@ from gantry.audit.reports import Reports
 from gantry.audit.retention import Retention
 from gantry.audit.store import RecordFilter
 from gantry.audit.subject_reports import SubjectReports
+from gantry.audit.token_revocations import TokenRevocations
+from gantry.audit.tokens_api import TOKEN_RULES, TokensApi
 from gantry.core import GantryError, InvalidInput, Unavailable
 from gantry.protos.v1 import audit_pb2 as pb
 from gantry.protos.v1 import audit_pb2_grpc as pb_grpc
@@ -40,6 +42,7 @@ METHOD_RULES: dict[str, MethodRule] = {
     f"/{SERVICE}/ListAnomalies": MethodRule("list", "anomaly"),
     f"/{SERVICE}/ResolveAnomaly": MethodRule("resolve", "anomaly"),
     **COMPLIANCE_RULES,
+    **TOKEN_RULES,
 }
 
 MAX_PAGE = 1000
@@ -109,7 +112,7 @@ def _page_after(token: str) -> int:
     return int(token[1:])
 
 
-class AuditApi(ComplianceApi, pb_grpc.AuditServiceServicer):  # type: ignore[misc]
+class AuditApi(ComplianceApi, TokensApi, pb_grpc.AuditServiceServicer):  # type: ignore[misc]
     """Serves the audit log; every call is authorised by the interceptor, queries are audited."""
 
     def __init__(
@@ -123,8 +126,10 @@ class AuditApi(ComplianceApi, pb_grpc.AuditServiceServicer):  # type: ignore[mis
         reports: Reports | None = None,
         retention: Retention | None = None,
         archiver: Archiver | None = None,
+        tokens: TokenRevocations | None = None,
     ) -> None:
         self._ledger = ledger
+        self._tokens = tokens
         self._trust = trust
         self._on_query = on_query
         self._anomalies = anomalies

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import Gauge, start_http_server
+from prometheus_client import Gauge
 
 from gantry.audit.anomalies import AnomalyWatch
 from gantry.audit.api import METHOD_RULES, SERVICE, AuditApi
@@ -31,6 +31,7 @@ from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.audit.subject_reports import GovernanceSubjects, SubjectReports
 from gantry.core import GantryError, get_logger
 from gantry.core.entrypoint import run_until_signalled
+from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, service_address, write_run_file
 from gantry.events import (
     BackgroundPublisher,
@@ -44,6 +45,7 @@ from gantry.protos.v1 import audit_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import DirectoryTrustStore, Keyring
+from gantry.security.tls import add_port
 from gantry.security.tokens import ServiceToken
 from gantry.storage import open_store
 
@@ -91,6 +93,7 @@ class AuditService:
                 ),
                 self.token.get,
                 timeout_s=o.call_timeout_s,
+                tls=settings.tls,
             ),
             self.key,
         )
@@ -175,10 +178,12 @@ class AuditService:
         reflection.enable_server_reflection(
             [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.grpc_port = server.add_insecure_port(f"{s.audit.grpc_host}:{s.audit.grpc_port}")
+        self.grpc_port = add_port(server, f"{s.audit.grpc_host}:{s.audit.grpc_port}", s.tls)
         await server.start()
-        http, _thread = start_http_server(s.audit.metrics_port, addr=s.audit.grpc_host)
-        self.metrics_port = http.server_port
+        probes = HealthServer()
+        grpc_ready = probes.flag("grpc", down="not serving")
+        probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+        self.metrics_port = probes.start(s.audit.metrics_port, s.audit.grpc_host).port
         self._tasks = [
             asyncio.create_task(ingestor.run(), name="ingest"),
             asyncio.create_task(relay.run(), name="outbox"),
@@ -188,6 +193,7 @@ class AuditService:
         ]
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        grpc_ready.set()
         self._write_run_file()
         _log.info(
             "audit service ready",
@@ -201,6 +207,7 @@ class AuditService:
         _log.info("audit service stopping")
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_ready.clear()
         ingestor.stop()
         await self._tasks[0]
         for task in self._tasks[2:]:
@@ -215,8 +222,7 @@ class AuditService:
         if pool is not None:
             await asyncio.to_thread(pool.close)
         await bus.close()
-        http.shutdown()
-        http.server_close()
+        probes.stop()
         self.engine.dispose()
         self._run_file().unlink(missing_ok=True)
         _log.info("audit service stopped", log_size=self.ledger.size)

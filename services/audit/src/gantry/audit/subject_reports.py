@@ -27,6 +27,7 @@ from gantry.core import (
     NotFound,
     PermissionDenied,
     SystemClock,
+    TlsSettings,
     Unavailable,
     new_id,
 )
@@ -35,6 +36,7 @@ from gantry.protos.v1 import governance_pb2_grpc as gpb_grpc
 from gantry.security.documents import sign_document
 from gantry.security.interceptor import ACT_AS_METADATA, ACT_AS_ROLES_METADATA
 from gantry.security.keys import SigningKey
+from gantry.security.tls import secure_or_insecure_channel
 
 KIND = "gantry.subject-report"
 MAX_IDENTIFIER = 512
@@ -49,14 +51,21 @@ class SubjectFinder(Protocol):
 
 
 class GovernanceSubjects:
-    """:class:`SubjectFinder` over governance's gRPC API, with the audit service's token."""
+    """:class:`SubjectFinder` over governance's gRPC API, with the audit service's token
+    (over TLS when ``tls`` is enabled)."""
 
     def __init__(
-        self, address: Callable[[], str], token: Callable[[], str], *, timeout_s: float = 30.0
+        self,
+        address: Callable[[], str],
+        token: Callable[[], str],
+        *,
+        timeout_s: float = 30.0,
+        tls: TlsSettings | None = None,
     ) -> None:
         self._address = address
         self._token = token
         self._timeout = timeout_s
+        self._tls = tls
 
     def find(self, identifier: str, *, subject: str, roles: Sequence[str]) -> gpb.SubjectFindings:
         address = self._address()
@@ -65,7 +74,7 @@ class GovernanceSubjects:
             (ACT_AS_METADATA, subject),
             (ACT_AS_ROLES_METADATA, ",".join(roles)),
         )
-        with grpc.insecure_channel(address) as channel:
+        with secure_or_insecure_channel(address, self._tls) as channel:
             stub = gpb_grpc.GovernanceServiceStub(channel)
             try:
                 found: gpb.SubjectFindings = stub.FindSubject(

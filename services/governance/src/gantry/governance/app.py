@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from gantry.core import get_logger
 from gantry.core.entrypoint import run_until_signalled
+from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.governance.access import SERVICE_NAME, Access
@@ -41,6 +41,7 @@ from gantry.protos.v1 import governance_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
+from gantry.security.tls import add_port
 from gantry.storage import open_store
 
 _log = get_logger("gantry.governance")
@@ -133,16 +134,19 @@ class GovernanceService:
         reflection.enable_server_reflection(
             [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.grpc_port = server.add_insecure_port(f"{g.grpc_host}:{g.grpc_port}")
+        self.grpc_port = add_port(server, f"{g.grpc_host}:{g.grpc_port}", s.tls)
         await server.start()
-        http, _thread = start_http_server(g.metrics_port, addr=g.grpc_host)
-        self.metrics_port = http.server_port
+        probes = HealthServer()
+        grpc_ready = probes.flag("grpc", down="not serving")
+        probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+        self.metrics_port = probes.start(g.metrics_port, g.grpc_host).port
         tasks = [
             asyncio.create_task(relay.run(), name="outbox"),
             asyncio.create_task(jobs.run(), name="jobs"),
         ]
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        grpc_ready.set()
         self._write_run_file()
         _log.info(
             "governance service ready",
@@ -156,6 +160,7 @@ class GovernanceService:
         _log.info("governance service stopping")
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_ready.clear()
         jobs.stop()
         await tasks[1]
         await server.stop(grace=5)
@@ -163,8 +168,7 @@ class GovernanceService:
         await tasks[0]
         await background.drain()
         await bus.close()
-        http.shutdown()
-        http.server_close()
+        probes.stop()
         self.engine.dispose()
         self._run_file().unlink(missing_ok=True)
         _log.info("governance service stopped")

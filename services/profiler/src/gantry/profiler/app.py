@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from gantry.core import get_logger
 from gantry.core.entrypoint import run_until_signalled
+from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.profiler import store
@@ -33,6 +33,7 @@ from gantry.protos.v1 import profiler_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
+from gantry.security.tls import add_port
 from gantry.storage import open_store
 
 _TICK_S = 0.5
@@ -116,10 +117,12 @@ class ProfilerService:
         reflection.enable_server_reflection(
             [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.grpc_port = server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
+        self.grpc_port = add_port(server, f"{o.grpc_host}:{o.grpc_port}", s.tls)
         await server.start()
-        http, _thread = start_http_server(o.metrics_port, addr=o.grpc_host, registry=registry)
-        self.metrics_port = http.server_port
+        probes = HealthServer(registry=registry)
+        grpc_ready = probes.flag("grpc", down="not serving")
+        probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+        self.metrics_port = probes.start(o.metrics_port, o.grpc_host).port
         tasks = [
             asyncio.create_task(relay.run(), name="outbox"),
             asyncio.create_task(intake.run(), name="intake"),
@@ -128,6 +131,7 @@ class ProfilerService:
         ]
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        grpc_ready.set()
         self._write_run_file()
         _log.info(
             "profiler ready",
@@ -141,6 +145,7 @@ class ProfilerService:
         _log.info("profiler stopping")
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_ready.clear()
         intake.stop()
         await tasks[1]
         for task in tasks[2:]:
@@ -152,8 +157,7 @@ class ProfilerService:
         await tasks[0]
         await background.drain()
         await bus.close()
-        http.shutdown()
-        http.server_close()
+        probes.stop()
         self.engine.dispose()
         self._run_file().unlink(missing_ok=True)
         _log.info("profiler stopped")

@@ -18,10 +18,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from gantry.core import get_logger
 from gantry.core.entrypoint import run_until_signalled
+from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.protos.v1 import scheduler_pb2_grpc
@@ -33,6 +34,7 @@ from gantry.scheduler.store import connect, migrate, outbox
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
+from gantry.security.tls import add_port
 
 SERVICE_NAME = "scheduler"
 _log = get_logger("gantry.scheduler")
@@ -153,10 +155,12 @@ class SchedulerService:
         reflection.enable_server_reflection(
             [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.grpc_port = server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
+        self.grpc_port = add_port(server, f"{o.grpc_host}:{o.grpc_port}", s.tls)
         await server.start()
-        http, _thread = start_http_server(o.metrics_port, addr=o.grpc_host)
-        self.metrics_port = http.server_port
+        probes = HealthServer()
+        grpc_ready = probes.flag("grpc", down="not serving")
+        probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+        self.metrics_port = probes.start(o.metrics_port, o.grpc_host).port
         tasks = [
             asyncio.create_task(relay.run(), name="outbox"),
             asyncio.create_task(events.run(), name="events"),
@@ -164,6 +168,7 @@ class SchedulerService:
         ]
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        grpc_ready.set()
         self._write_run_file()
         _log.info(
             "scheduler service ready",
@@ -177,6 +182,7 @@ class SchedulerService:
         _log.info("scheduler service stopping")
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_ready.clear()
         events.stop()
         await tasks[1]
         await server.stop(grace=5)
@@ -189,8 +195,7 @@ class SchedulerService:
             for part in kube:
                 part.close()
         thread.shutdown()
-        http.shutdown()
-        http.server_close()
+        probes.stop()
         self.engine.dispose()
         self._run_file().unlink(missing_ok=True)
         _log.info("scheduler service stopped")

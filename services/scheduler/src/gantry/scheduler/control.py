@@ -308,7 +308,9 @@ class Control:
         name = self.options.placement
         if name == "bestfit":
             return BestFitPolicy()
-        workload = self._recent[-2000:] or _DEFAULT_WORKLOAD
+        # The target workload is the recent GPU tasks' shapes (CPU-only tasks strand no GPU);
+        # a cluster that ran only CPU jobs so far uses the default shapes.
+        workload = [d for d in self._recent[-2000:] if d.num_gpu] or _DEFAULT_WORKLOAD
         if name == "fgd":
             return FgdPolicy(workload)
         return GantryPolicy(workload)

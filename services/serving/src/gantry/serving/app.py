@@ -21,10 +21,10 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from gantry.core import get_logger
 from gantry.core.entrypoint import run_until_signalled
+from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.protos.inference import grpc_service_pb2
@@ -39,6 +39,7 @@ from gantry.security import (
 )
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
+from gantry.security.tls import add_port
 from gantry.serving import store
 from gantry.serving.api import METHOD_RULES, SERVICE, ServingApi
 from gantry.serving.artifact import Artifact
@@ -164,7 +165,7 @@ class ServingService:
         reflection.enable_server_reflection(
             [SERVICE, INFERENCE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.grpc_port = server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
+        self.grpc_port = add_port(server, f"{o.grpc_host}:{o.grpc_port}", s.tls)
         await server.start()
         # REST: uvicorn on a socket bound here (so port 0 works and the port is known)
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only for
@@ -187,8 +188,10 @@ class ServingService:
             )
         )
         rest_task = asyncio.create_task(rest.serve(sockets=[sock]), name="rest")
-        http, _thread = start_http_server(o.metrics_port, addr=o.grpc_host)
-        self.metrics_port = http.server_port
+        probes = HealthServer()
+        grpc_ready = probes.flag("grpc", down="not serving")
+        probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+        self.metrics_port = probes.start(o.metrics_port, o.grpc_host).port
         await rollouts.restore()
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the process: keep it out of collections
@@ -205,6 +208,7 @@ class ServingService:
             rest_task.result()  # raises what stopped it
         for name in ("", SERVICE, INFERENCE_SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        grpc_ready.set()
         self._write_run_file()
         _log.info(
             "serving service ready",
@@ -220,6 +224,7 @@ class ServingService:
         _log.info("serving service stopping")
         for name in ("", SERVICE, INFERENCE_SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_ready.clear()
         models.stop()
         rest.should_exit = True
         await server.stop(grace=5)
@@ -231,8 +236,7 @@ class ServingService:
         await tasks[0]
         await background.drain()
         await bus.close()
-        http.shutdown()
-        http.server_close()
+        probes.stop()
         self.engine.dispose()
         self._run_file().unlink(missing_ok=True)
         _log.info("serving service stopped")

@@ -8,6 +8,7 @@ every load, so a file changed on disk is downloaded afresh rather than served.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,9 @@ class RegistryLink:
         self._settings = settings
         self._keyring = keyring
         self._service_token = ServiceToken(
-            SERVICE_NAME, keyring.issuer, configured=settings.serving.token.get_secret_value()
+            SERVICE_NAME,
+            functools.partial(keyring.service_key, SERVICE_NAME),
+            configured=settings.serving.token.get_secret_value(),
         )
         self.cache_dir = settings.data_dir / "serving" / "models"
 
@@ -69,7 +72,7 @@ class RegistryLink:
 
     def info(self, model: str, version: int = 0) -> ModelVersion:
         """The registry's record of ``model`` ``version`` (0 = the latest)."""
-        client = ModelsClient(self.address(), self.token())
+        client = ModelsClient(self.address(), self.token(), tls=self._settings.tls)
         try:
             return client.get_model(model, version)
         finally:
@@ -77,7 +80,7 @@ class RegistryLink:
 
     def fetch(self, model: str, version: int) -> Fetched:
         """The version's record and bytes (from the verified cache, else downloaded)."""
-        client = ModelsClient(self.address(), self.token())
+        client = ModelsClient(self.address(), self.token(), tls=self._settings.tls)
         try:
             info = client.get_model(model, version)
             path = self.cache_dir / model / str(info.version)

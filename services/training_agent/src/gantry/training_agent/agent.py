@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gantry.core import GantryError, Unavailable, get_logger
+from gantry.core.health import HealthServer, connected
 from gantry.events import Bus, ConsumerRunner, ConsumerSpec, Delivery, PermanentError, Publisher
 from gantry.events.catalog import (
     JOB_EVALUATION,
@@ -197,7 +198,10 @@ class NodeAgent:
 
     :meth:`run` serves until :meth:`stop` (or SIGTERM/SIGINT through :func:`serve`); it then
     stops heartbeating and consuming, stops the workers (reporting "stopped"), and closes NATS.
-    ``ready`` is set once the node has registered and its consumer is bound.
+    ``ready`` is set once the node has registered and its consumer is bound. While it runs, an
+    HTTP server on ``health_host``:``health_port`` (:attr:`health_port` once started) answers
+    ``/healthz``, ``/readyz`` (ready while the node is registered and NATS connected) and
+    ``/metrics``.
     """
 
     def __init__(
@@ -228,6 +232,9 @@ class NodeAgent:
         self._logs: LogBatcher | None = None
         self._usage = UsageSampler()
         self.heartbeats = 0
+        self.probes = HealthServer()
+        self._registered = self.probes.flag("node", down="not registered")
+        self.probes.add_check("nats", connected(self._nats_connected))
 
     def stop(self) -> None:
         """Begin a clean shutdown."""
@@ -237,8 +244,25 @@ class NodeAgent:
         """Jobs with workers running here, for heartbeats."""
         return sorted({a.job_id for a in self._attempts.values() if a.running()})
 
+    @property
+    def health_port(self) -> int:
+        """The port of the health server (once :meth:`run` started it)."""
+        return self.probes.port
+
+    def _nats_connected(self) -> bool:
+        bus = self._bus
+        return bus is not None and bool(bus.nc.is_connected)
+
     async def run(self) -> None:
         """Register, heartbeat and run workers until stopped; then shut down in order."""
+        self.probes.start(self.options.health_port, self.options.health_host)
+        try:
+            await self._run()
+        finally:
+            self._registered.clear()
+            self.probes.stop()
+
+    async def _run(self) -> None:
         bus = self._bus = await Bus.connect(self.settings.nats, name=f"gantry-agent-{self.node}")
         try:
             await bus.ensure_streams()
@@ -265,9 +289,11 @@ class NodeAgent:
             heartbeat = asyncio.create_task(self._heartbeat(bus), name="heartbeat")
             flusher = asyncio.create_task(logs.run(self._stopping), name="logs")
             self.ready.set()
+            self._registered.set()
             _log.info(
                 "node agent ready",
                 node=self.node,
+                health=self.probes.port,
                 gpus=len(self.inventory.gpus),
                 offers=self.inventory.describe(),
                 address=self.inventory.address,
@@ -275,6 +301,7 @@ class NodeAgent:
             await self._stopping.wait()
 
             _log.info("node agent stopping", node=self.node)
+            self._registered.clear()
             runner.stop()
             await heartbeat
             await consumer
@@ -316,7 +343,7 @@ class NodeAgent:
         beats = Publisher(bus, signer=self.key, ack_timeout_s=interval, retry_for_s=interval)
         reconnects = int(bus.nc.stats.get("reconnects", 0))
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        next_at = delivered_at = loop.time()
         seq = 0
         while not self._stopping.is_set():
             seq += 1
@@ -328,8 +355,13 @@ class NodeAgent:
                 data = self._heartbeat_data(seq)
                 await beats.publish(event(NODE_HEARTBEAT.type, data, subject=self.node))
                 self.heartbeats = seq
+                delivered_at = loop.time()
             except GantryError as exc:
                 _log.warning("heartbeat not sent", node=self.node, seq=seq, error=str(exc))
+                silent_s = loop.time() - delivered_at
+                fence = self.options.fence_after_s
+                if fence and silent_s >= fence and self._attempts:
+                    await self._fence_all(silent_s)
             next_at = max(next_at + interval, loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=next_at - loop.time())
@@ -368,6 +400,7 @@ class NodeAgent:
                 self._on_trace(TraceRequested.model_validate(ev.data))
 
     async def _on_scheduled(self, ev: EventEnvelope, job: JobScheduled) -> None:
+        await self._fence_superseded(job)
         mine = sorted((p for p in job.placements if p.node == self.node), key=lambda p: p.worker)
         if not mine:
             return
@@ -420,6 +453,49 @@ class NodeAgent:
 
     # -- data grants ---------------------------------------------------------------------------
 
+    async def _fence_all(self, silent_s: float) -> None:
+        """Stop every worker: this node has been cut off from the platform for ``silent_s``
+        seconds, so the scheduler is placing its jobs elsewhere (they resume from their
+        checkpoints there)."""
+        attempts = [a for a in self._attempts.values() if not a.finished]
+        _log.warning(
+            "cut off from the platform; stopping every worker",
+            node=self.node,
+            silent_s=round(silent_s, 1),
+            attempts=[f"{a.job_id}#{a.attempt}" for a in attempts],
+        )
+        for attempt in attempts:
+            for worker in attempt.workers.values():
+                worker.fate = "abort"
+            await self._terminate(list(attempt.workers.values()), grace_s=0)
+            self._finish(attempt)
+
+    async def _fence_superseded(self, job: JobScheduled) -> None:
+        """Stop this node's workers of an older attempt of ``job``: the scheduler has placed a
+        newer one (this node was cut off, or lost, meanwhile), and two attempts must never
+        train, and write checkpoints, side by side."""
+        stale = [
+            a
+            for (job_id, number), a in self._attempts.items()
+            if job_id == job.job_id and number < job.attempt and not a.finished
+        ]
+        for attempt in stale:
+            _log.warning(
+                "older attempt superseded; stopping its workers",
+                job=job.job_id,
+                attempt=attempt.attempt,
+                newer=job.attempt,
+            )
+            self.note(
+                attempt,
+                f"attempt {attempt.attempt} was superseded by attempt {job.attempt} "
+                "elsewhere: its workers are stopped",
+            )
+            for worker in attempt.workers.values():
+                worker.fate = "abort"
+            await self._terminate(list(attempt.workers.values()), grace_s=0)
+            self._finish(attempt)
+
     async def _grant(self, attempt: _Attempt) -> Grant:
         grant = await self.governance.issue_grant(attempt.job)
         self._write_grant(attempt, grant)
@@ -433,6 +509,16 @@ class NodeAgent:
         with os.fdopen(fd, "w") as out:
             out.write(grant.token)
         tmp.replace(path)
+
+    def _forget_grant(self, attempt: _Attempt) -> None:
+        """Remove the attempt's grant file once it ended: a credential is not left on disk
+        (unless a later attempt, maybe on another agent, has written its own there)."""
+        if attempt.grant is None:
+            return
+        path = attempt.job_dir / "grant"
+        with contextlib.suppress(OSError):
+            if path.read_text() == attempt.grant.token:
+                path.unlink()
 
     async def _renew_grant(self, attempt: _Attempt) -> None:
         """Issue a fresh grant when two thirds of the current one's life have passed."""
@@ -788,6 +874,7 @@ class NodeAgent:
         attempt.finished = True
         for task in attempt.tasks:
             task.cancel()
+        self._forget_grant(attempt)
         self._attempts.pop(attempt.key, None)
         self._seen[attempt.key] = None
         while len(self._seen) > 10_000:

@@ -56,7 +56,9 @@ class GovernanceLink:
         self._settings = settings
         self._keyring = keyring
         self._service_token = ServiceToken(
-            SERVICE_NAME, keyring.issuer, configured=settings.agent.token.get_secret_value()
+            SERVICE_NAME,
+            functools.partial(keyring.service_key, SERVICE_NAME),
+            configured=settings.agent.token.get_secret_value(),
         )
 
     def address(self) -> str:
@@ -79,7 +81,7 @@ class GovernanceLink:
         return self._service_token.get()
 
     def _client(self) -> GovernanceClient:
-        return GovernanceClient(self.address(), self.token())
+        return GovernanceClient(self.address(), self.token(), tls=self._settings.tls)
 
     async def _retried(self, call: Callable[[], T], *, attempts: int = 3) -> T:
         """``call()`` in a thread, again after a pause while governance is unavailable (it

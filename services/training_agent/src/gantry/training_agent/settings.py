@@ -20,6 +20,14 @@ class AgentOptions(BaseModel):
         description="Seconds between heartbeats (5): the scheduler declares a node lost after "
         "a few missed ones, so this bounds how fast node loss is noticed.",
     )
+    fence_after_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="When no heartbeat could be delivered for this long, the agent stops its "
+        "workers (10; 0 = never): the scheduler will declare the node lost and place the jobs "
+        "elsewhere, and two attempts must not train side by side. Keep it below the "
+        "scheduler's heartbeat_timeout_s (15).",
+    )
     checkpoint_root: Path | None = Field(
         default=None,
         description="Parent of every job's local working directory (step marker, spec, "
@@ -95,6 +103,18 @@ class AgentOptions(BaseModel):
         "here, apart from the services' keys and data (workers read data only through their "
         "grant). Default <data_dir>/workers, shared by the agents of one machine so a job "
         "resumes on any of them; on a cluster point GANTRY_STORAGE__* at a shared bucket.",
+    )
+    health_host: str = Field(
+        default="127.0.0.1",
+        description="Address of the agent's HTTP health server (/healthz, /readyz, /metrics); "
+        "0.0.0.0 where a kubelet or Prometheus probes it from outside the host.",
+    )
+    health_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of the health server; 0 (default) = any free port, because `gantry "
+        "up` runs several agents on one machine. Deployments set 9037 (one agent per node).",
     )
     cuda_mps: bool = Field(
         default=False,

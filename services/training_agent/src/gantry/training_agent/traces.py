@@ -37,6 +37,7 @@ from gantry.core.runfile import run_file, service_address
 from gantry.events.catalog import TraceRequested
 from gantry.protos.v1 import profiler_pb2 as pb
 from gantry.protos.v1 import profiler_pb2_grpc as pb_grpc
+from gantry.security.tls import secure_or_insecure_aio_channel
 from gantry.training.tracing import REQUEST_FILE, done_file, trace_file, valid_trace_id
 from gantry.training_agent.settings import AgentSettings
 
@@ -156,7 +157,9 @@ class ProfilerLink:
         source = await asyncio.to_thread(path.open, "rb") if path is not None else None
         try:
             options = [("grpc.max_send_message_length", CHUNK_BYTES + (64 << 10))]
-            async with grpc.aio.insecure_channel(address, options=options) as channel:
+            async with secure_or_insecure_aio_channel(
+                address, self._settings.tls, options
+            ) as channel:
                 stub = pb_grpc.ProfilerServiceStub(channel)
                 reply: pb.UploadTraceResponse = await stub.UploadTrace(
                     _messages(first, source), metadata=metadata, timeout=self._timeout_s

@@ -17,16 +17,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from gantry.core import Clock, SystemClock, get_logger
 from gantry.core.entrypoint import run_until_signalled
+from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, service_address, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.protos.v1 import workflows_pb2_grpc
 from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
+from gantry.security.tls import add_port
 from gantry.security.tokens import ServiceToken
 from gantry.workflows import store
 from gantry.workflows.api import METHOD_RULES, SERVICE, SERVICE_NAME, WorkflowApi
@@ -79,6 +80,7 @@ class WorkflowService:
             self.token.get,
             timeout_s=o.call_timeout_s,
             deploy_timeout_s=o.deploy_timeout_s,
+            tls=settings.tls,
         )
         self.registry = Registry(self.engine, self.clock)
         self.controller = Controller(
@@ -158,12 +160,12 @@ class WorkflowService:
         reflection.enable_server_reflection(
             [SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.grpc_port = server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
+        self.grpc_port = add_port(server, f"{o.grpc_host}:{o.grpc_port}", s.tls)
         await server.start()
-        http, _thread = start_http_server(
-            o.metrics_port, addr=o.grpc_host, registry=self.registry_metrics
-        )
-        self.metrics_port = http.server_port
+        probes = HealthServer(registry=self.registry_metrics)
+        grpc_ready = probes.flag("grpc", down="not serving")
+        probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+        self.metrics_port = probes.start(o.metrics_port, o.grpc_host).port
         tasks = [
             asyncio.create_task(relay.run(), name="outbox"),
             asyncio.create_task(intake.run(), name="intake"),
@@ -171,6 +173,7 @@ class WorkflowService:
         ]
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        grpc_ready.set()
         self._write_run_file()
         active = await asyncio.to_thread(store_active, self.engine)
         _log.info(
@@ -185,14 +188,14 @@ class WorkflowService:
         _log.info("workflows stopping")
         for name in ("", SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_ready.clear()
         intake.stop()
         await tasks[1]
         tasks[2].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await tasks[2]
         await server.stop(grace=5)
-        http.shutdown()
-        http.server_close()
+        probes.stop()
         relay.stop()
         await tasks[0]
         await background.drain()

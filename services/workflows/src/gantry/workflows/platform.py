@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from gantry.core import TlsSettings
 from gantry.workflows.pipelines import Deploy
 
 
@@ -116,7 +117,8 @@ def tcp_answers(endpoint: str, timeout_s: float = 0.5) -> bool:
 
 
 class ServicePlatform:
-    """:class:`Platform` over the scheduler and serving gRPC APIs."""
+    """:class:`Platform` over the scheduler and serving gRPC APIs (over TLS when ``tls`` is
+    enabled)."""
 
     def __init__(
         self,
@@ -126,12 +128,14 @@ class ServicePlatform:
         *,
         timeout_s: float = 30.0,
         deploy_timeout_s: float = 600.0,
+        tls: TlsSettings | None = None,
     ) -> None:
         self._scheduler_addr = scheduler_addr
         self._serving_addr = serving_addr
         self._token = token
         self._timeout = timeout_s
         self._deploy_timeout = deploy_timeout_s
+        self._tls = tls
 
     def _scheduler(self, owner: Owner) -> Any:
         from gantry.client.scheduler import SchedulerClient
@@ -141,6 +145,7 @@ class ServicePlatform:
             self._token(),
             timeout_s=self._timeout,
             act_as=(owner.subject, owner.roles),
+            tls=self._tls,
         )
 
     def _serving(self, owner: Owner, timeout_s: float) -> Any:
@@ -151,6 +156,7 @@ class ServicePlatform:
             self._token(),
             timeout_s=timeout_s,
             act_as=(owner.subject, owner.roles),
+            tls=self._tls,
         )
 
     def submit_job(self, document: Mapping[str, Any], *, request_id: str, owner: Owner) -> str:

@@ -114,7 +114,7 @@ def audit_client(settings: ClientSettings) -> Iterator[AuditClient]:
     """An :class:`AuditClient` for the configured audit address and bearer token."""
     from gantry.client.audit import AuditClient
 
-    with AuditClient(settings.address("audit"), settings.bearer()) as client:
+    with AuditClient(settings.address("audit"), settings.bearer(), tls=settings.tls) as client:
         yield client
 
 
@@ -123,7 +123,9 @@ def governance_client(settings: ClientSettings) -> Iterator[GovernanceClient]:
     """A :class:`GovernanceClient` (datasets and models) for the configured address and token."""
     from gantry.client.governance import GovernanceClient
 
-    with GovernanceClient(settings.address("governance"), settings.bearer()) as client:
+    with GovernanceClient(
+        settings.address("governance"), settings.bearer(), tls=settings.tls
+    ) as client:
         yield client
 
 

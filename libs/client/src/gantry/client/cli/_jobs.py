@@ -74,7 +74,9 @@ def scheduler_client(settings: ClientSettings) -> Iterator[SchedulerClient]:
     """A :class:`SchedulerClient` for the configured scheduler address and bearer token."""
     from gantry.client.scheduler import SchedulerClient
 
-    with SchedulerClient(settings.address("scheduler"), settings.bearer()) as client:
+    with SchedulerClient(
+        settings.address("scheduler"), settings.bearer(), tls=settings.tls
+    ) as client:
         yield client
 
 

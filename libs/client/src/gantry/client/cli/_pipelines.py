@@ -83,7 +83,9 @@ def workflows_client(settings: ClientSettings) -> Iterator[WorkflowsClient]:
     """A :class:`WorkflowsClient` for the configured workflows address and bearer token."""
     from gantry.client.workflows import WorkflowsClient
 
-    with WorkflowsClient(settings.address("workflows"), settings.bearer()) as client:
+    with WorkflowsClient(
+        settings.address("workflows"), settings.bearer(), tls=settings.tls
+    ) as client:
         yield client
 
 

@@ -89,7 +89,9 @@ def profiler_client(settings: ClientSettings) -> Iterator[ProfilerClient]:
     """A :class:`ProfilerClient` for the configured profiler address and bearer token."""
     from gantry.client.profiler import ProfilerClient
 
-    with ProfilerClient(settings.address("profiler"), settings.bearer()) as client:
+    with ProfilerClient(
+        settings.address("profiler"), settings.bearer(), tls=settings.tls
+    ) as client:
         yield client
 
 

@@ -88,7 +88,7 @@ def serving_client(settings: ClientSettings) -> Iterator[ServingClient]:
     """A :class:`ServingClient` for the configured serving address and bearer token."""
     from gantry.client.serving import ServingClient
 
-    with ServingClient(settings.address("serving"), settings.bearer()) as client:
+    with ServingClient(settings.address("serving"), settings.bearer(), tls=settings.tls) as client:
         yield client
 
 

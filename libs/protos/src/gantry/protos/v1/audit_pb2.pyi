@@ -1517,3 +1517,104 @@ class PurgeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PurgeResponse: _TypeAlias = PurgeResponse  # noqa: Y015
+
+@_typing.final
+class RevokeTokenRequest(_message.Message):
+    """Token revocation (platform admins): the token is refused by every service from then on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    JTI_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """the token itself, or"""
+    jti: _builtins.str
+    """its id (the 'jti' claim)"""
+    reason: _builtins.str
+    """required; recorded in the audit log"""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        jti: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jti", b"jti", "reason", b"reason", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
+
+@_typing.final
+class TokenRevocation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JTI_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    EXPIRES_MS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REVOKED_BY_FIELD_NUMBER: _builtins.int
+    REVOKED_MS_FIELD_NUMBER: _builtins.int
+    jti: _builtins.str
+    subject: _builtins.str
+    """"" when revoked by id only"""
+    expires_ms: _builtins.int
+    """when the token expires anyway"""
+    reason: _builtins.str
+    revoked_by: _builtins.str
+    revoked_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        jti: _builtins.str = ...,
+        subject: _builtins.str = ...,
+        expires_ms: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        revoked_by: _builtins.str = ...,
+        revoked_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_ms", b"expires_ms", "jti", b"jti", "reason", b"reason", "revoked_by", b"revoked_by", "revoked_ms", b"revoked_ms", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenRevocation: _TypeAlias = TokenRevocation  # noqa: Y015
+
+@_typing.final
+class ListRevokedTokensRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedTokensRequest: _TypeAlias = ListRevokedTokensRequest  # noqa: Y015
+
+@_typing.final
+class ListRevokedTokensResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOCATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def revocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenRevocation]: ...
+    def __init__(
+        self,
+        *,
+        revocations: _abc.Iterable[Global___TokenRevocation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revocations", b"revocations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedTokensResponse: _TypeAlias = ListRevokedTokensResponse  # noqa: Y015

@@ -149,6 +149,16 @@ class AuditServiceStub:
                 request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeRequest.SerializeToString,
                 response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeResponse.FromString,
                 _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/RevokeToken',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.TokenRevocation.FromString,
+                _registered_method=True)
+        self.ListRevokedTokens = channel.unary_unary(
+                '/gantry.audit.v1.AuditService/ListRevokedTokens',
+                request_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRevokedTokensRequest.SerializeToString,
+                response_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRevokedTokensResponse.FromString,
+                _registered_method=True)
 
 
 class AuditServiceServicer:
@@ -292,6 +302,18 @@ class AuditServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRevokedTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -409,6 +431,16 @@ def add_AuditServiceServicer_to_server(servicer, server):
                     servicer.Purge,
                     request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeRequest.FromString,
                     response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.TokenRevocation.SerializeToString,
+            ),
+            'ListRevokedTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevokedTokens,
+                    request_deserializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRevokedTokensRequest.FromString,
+                    response_serializer=gantry_dot_protos_dot_v1_dot_audit__pb2.ListRevokedTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1032,6 +1064,60 @@ class AuditService:
             '/gantry.audit.v1.AuditService/Purge',
             gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeRequest.SerializeToString,
             gantry_dot_protos_dot_v1_dot_audit__pb2.PurgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/RevokeToken',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.RevokeTokenRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.TokenRevocation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevokedTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gantry.audit.v1.AuditService/ListRevokedTokens',
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListRevokedTokensRequest.SerializeToString,
+            gantry_dot_protos_dot_v1_dot_audit__pb2.ListRevokedTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

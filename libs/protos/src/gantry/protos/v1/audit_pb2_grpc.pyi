@@ -54,6 +54,8 @@ class AuditServiceStub:
     ListSegments: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListSegmentsRequest, _audit_pb2.ListSegmentsResponse]
     VerifySegment: _grpc.UnaryUnaryMultiCallable[_audit_pb2.VerifySegmentRequest, _audit_pb2.VerifySegmentResponse]
     Purge: _grpc.UnaryUnaryMultiCallable[_audit_pb2.PurgeRequest, _audit_pb2.PurgeResponse]
+    RevokeToken: _grpc.UnaryUnaryMultiCallable[_audit_pb2.RevokeTokenRequest, _audit_pb2.TokenRevocation]
+    ListRevokedTokens: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListRevokedTokensRequest, _audit_pb2.ListRevokedTokensResponse]
 
 @_typing.type_check_only
 class AuditServiceAsyncStub(AuditServiceStub):
@@ -81,6 +83,8 @@ class AuditServiceAsyncStub(AuditServiceStub):
     ListSegments: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListSegmentsRequest, _audit_pb2.ListSegmentsResponse]  # type: ignore[assignment]
     VerifySegment: _aio.UnaryUnaryMultiCallable[_audit_pb2.VerifySegmentRequest, _audit_pb2.VerifySegmentResponse]  # type: ignore[assignment]
     Purge: _aio.UnaryUnaryMultiCallable[_audit_pb2.PurgeRequest, _audit_pb2.PurgeResponse]  # type: ignore[assignment]
+    RevokeToken: _aio.UnaryUnaryMultiCallable[_audit_pb2.RevokeTokenRequest, _audit_pb2.TokenRevocation]  # type: ignore[assignment]
+    ListRevokedTokens: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListRevokedTokensRequest, _audit_pb2.ListRevokedTokensResponse]  # type: ignore[assignment]
 
 class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -243,5 +247,19 @@ class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _audit_pb2.PurgeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_audit_pb2.PurgeResponse, _abc.Awaitable[_audit_pb2.PurgeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeToken(
+        self,
+        request: _audit_pb2.RevokeTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.TokenRevocation, _abc.Awaitable[_audit_pb2.TokenRevocation]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRevokedTokens(
+        self,
+        request: _audit_pb2.ListRevokedTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ListRevokedTokensResponse, _abc.Awaitable[_audit_pb2.ListRevokedTokensResponse]]: ...
 
 def add_AuditServiceServicer_to_server(servicer: AuditServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

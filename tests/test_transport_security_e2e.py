@@ -13,12 +13,13 @@ import pytest
 
 from gantry.client import cli
 from gantry.client.audit import AuditClient, Filter
+from gantry.client.errors import RemotePermissionDenied
 from gantry.client.governance import GovernanceClient
 from gantry.client.profiler import ProfilerClient
 from gantry.client.scheduler import SchedulerClient
 from gantry.client.serving import ServingClient
 from gantry.client.workflows import WorkflowsClient
-from gantry.core import NatsSettings, PermissionDenied, Unauthenticated
+from gantry.core import NatsSettings, Unauthenticated
 from gantry.events import Bus
 from gantry.events.nats_auth import password_of, read_credentials
 from gantry.supervisor.platform import Platform
@@ -94,7 +95,10 @@ def test_a_revoked_token_is_refused_by_every_service(
 def test_only_platform_admins_may_revoke(platform: Platform) -> None:
     auditor = token_for(platform, "aud-itor", ["auditor"])
     victim = token_for(platform, "vic-tim", ["ml-developer"])
-    with AuditClient(platform.address("audit"), auditor) as client, pytest.raises(PermissionDenied):
+    with (
+        AuditClient(platform.address("audit"), auditor) as client,
+        pytest.raises(RemotePermissionDenied),
+    ):
         client.revoke_token(token=victim, reason="not mine to revoke")
     _once(SchedulerClient(platform.address("scheduler"), victim), "list")  # still valid
 

@@ -80,6 +80,13 @@ def test_init_writes_private_nats_credentials_and_streams_creates_them(
     assert code == 0, text
     creds_path = data / "nats" / "credentials.env"
     assert str(creds_path) in text
+    from gantry.security.bootstrap import PLATFORM_SECRETS, PLATFORM_SERVICES
+
+    for name in PLATFORM_SERVICES:  # made up front, so a cluster can hold them in Secrets
+        assert (data / "keys" / "services" / f"{name}.pem").is_file(), name
+        assert (data / "keys" / "trusted" / f"svc-{name}.pub").is_file(), name
+    for name in PLATFORM_SECRETS:
+        assert (data / "keys" / "secrets" / f"{name}.key").is_file(), name
     assert stat.S_IMODE(os.stat(creds_path).st_mode) == 0o600
     creds = read_credentials(creds_path)
     for secret in creds.values():

@@ -772,6 +772,7 @@ READS_GRANT = textwrap.dedent(
         now = open(path).read().strip()
         if now != first:
             print("renewed to", now, flush=True)
+            print("grant file mode", oct(os.stat(path).st_mode & 0o777), flush=True)
             sys.exit(0)
         time.sleep(0.05)
     sys.exit(4)
@@ -790,8 +791,9 @@ async def test_a_jobs_grant_is_renewed_before_it_expires(env: Env, agent: NodeAg
     lines = env.watch.log_lines(job.job_id)
     assert "started with grant-1 token agent-token" in lines
     assert "renewed to grant-2" in lines
+    assert "grant file mode 0o600" in lines  # private while the job runs
     grant_file = env.checkpoint_dir(job) / "grant"
-    assert oct(grant_file.stat().st_mode & 0o777) == "0o600"
+    assert not grant_file.exists()  # and the credential does not outlive the attempt
 
 
 async def test_a_grant_governance_refuses_fails_the_job_with_its_reason(

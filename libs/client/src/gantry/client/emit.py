@@ -37,6 +37,7 @@ from gantry.core import (
     NatsSettings,
     load_settings,
 )
+from gantry.core.tls import nats_tls
 from gantry.events import Bus, Emitter, EventEnvelope, Publisher, validate_event
 from gantry.events.nats_auth import password_of, read_credentials
 from gantry.events.topology import EXTERNAL_USER
@@ -115,7 +116,7 @@ async def connect(
         initial_wait_s=connect_timeout_s,
     )
     # The platform creates the streams; an outside service on a cluster has no right to.
-    bus = await Bus.connect(settings, name=source)
+    bus = await Bus.connect(settings, name=source, tls=nats_tls(load_settings(CommonSettings).tls))
     return Emitter(bus, Publisher(bus, signer=signer), source=source, actor=actor)
 
 

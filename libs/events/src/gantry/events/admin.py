@@ -17,15 +17,25 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from gantry.core import CommonSettings, GantryError, NatsSettings, configure_logging, load_settings
+from gantry.core import (
+    CommonSettings,
+    GantryError,
+    NatsSettings,
+    TlsSettings,
+    configure_logging,
+    load_settings,
+)
+from gantry.core.tls import nats_tls
 from gantry.events.bus import Bus
 from gantry.events.nats_auth import render_auth_conf
 from gantry.events.streams import STREAMS
 
 
-async def create_streams(settings: NatsSettings) -> list[tuple[str, int]]:
+async def create_streams(
+    settings: NatsSettings, tls: TlsSettings | None = None
+) -> list[tuple[str, int]]:
     """Create or update every stream; return each one's name and message count."""
-    bus = await Bus.connect(settings, name="gantry-admin-streams")
+    bus = await Bus.connect(settings, name="gantry-admin-streams", tls=nats_tls(tls))
     try:
         await bus.ensure_streams()
         out = []
@@ -52,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(CommonSettings)
         configure_logging("gantry-admin", level=settings.log_level, json=settings.log_json)
-        for name, messages in asyncio.run(create_streams(settings.nats)):
+        for name, messages in asyncio.run(create_streams(settings.nats, settings.tls)):
             print(f"stream {name}: {messages} messages, {settings.nats.stream_replicas} replicas")
     except GantryError as exc:
         hint = f" ({exc.hint})" if exc.hint else ""

@@ -20,6 +20,19 @@ from gantry.events.nats_auth import ensure_credentials
 from gantry.security.keyring import Keyring
 from gantry.security.tokens import TokenIssuer
 
+#: Every platform service's own signing key (services/<name>.pem) and the symmetric secrets
+#: the services keep (secrets/<name>.key): made by init, so a cluster can put them in Secrets
+#: before any service starts (a service only creates its own on first start otherwise).
+PLATFORM_SERVICES = (
+    "audit",
+    "governance",
+    "scheduler",
+    "serving",
+    "profiler",
+    "workflows",
+    "training-agent",
+)
+PLATFORM_SECRETS = ("audit-seal", "governance-subjects", "workflows-sessions")
 ADMIN_SUBJECT = "admin"
 ADMIN_ROLE = "platform-admin"
 DEFAULT_TTL = dt.timedelta(hours=12)
@@ -53,6 +66,10 @@ def init_data_dir(data_dir: Path, *, ttl: dt.timedelta = DEFAULT_TTL) -> InitRes
     ring = Keyring(data_dir / "keys")
     created = not ring.issuer_path.exists()
     issuer = ring.issuer(create=True)
+    for name in PLATFORM_SERVICES:
+        ring.service_key(name)
+    for name in PLATFORM_SECRETS:
+        ring.secret(name)
     token = TokenIssuer(issuer).issue(ADMIN_SUBJECT, [ADMIN_ROLE], ttl)
     token_path = data_dir / "admin.token"
     write_private_text(token_path, token + "\n")
@@ -78,6 +95,8 @@ __all__ = [
     "ADMIN_ROLE",
     "ADMIN_SUBJECT",
     "DEFAULT_TTL",
+    "PLATFORM_SECRETS",
+    "PLATFORM_SERVICES",
     "InitResult",
     "init_data_dir",
     "write_private_text",

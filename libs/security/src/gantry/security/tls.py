@@ -12,55 +12,16 @@ or unreadable raises :class:`~gantry.core.ConfigError` naming the setting and th
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from gantry.core import ConfigError, TlsSettings
+from gantry.core import TlsSettings
+from gantry.core.tls import is_enabled, nats_tls, ssl_context
+from gantry.core.tls import read_pem as _read
 
 ChannelOptions = Sequence[tuple[str, Any]]
-
-_ENV = {
-    "ca_file": "GANTRY_TLS__CA_FILE",
-    "cert_file": "GANTRY_TLS__CERT_FILE",
-    "key_file": "GANTRY_TLS__KEY_FILE",
-}
-
-
-def is_enabled(tls: TlsSettings | None) -> bool:
-    """Whether ``tls`` asks for TLS (None and disabled settings mean plaintext)."""
-    return tls is not None and tls.enabled
-
-
-def _path(tls: TlsSettings, field: str, *, needed_for: str) -> Path:
-    path: Path | None = getattr(tls, field)
-    if path is None:
-        raise ConfigError(
-            f"{needed_for} needs {_ENV[field]}, which is not set",
-            hint=f"set {_ENV[field]} to a PEM file (make them with 'gantry admin certs')",
-        )
-    return path
-
-
-def _read(tls: TlsSettings, field: str, *, needed_for: str) -> bytes:
-    path = _path(tls, field, needed_for=needed_for)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read {_ENV[field]} {path}: {exc.strerror or exc}",
-            hint=f"point {_ENV[field]} at a readable PEM file",
-        ) from None
-    if b"-----BEGIN " not in data:
-        raise ConfigError(
-            f"{_ENV[field]} {path} is not a PEM file",
-            hint="give a PEM certificate or key (-----BEGIN ...-----)",
-        )
-    return data
-
 
 # ---------------------------------------------------------------------- gRPC servers
 
@@ -138,40 +99,12 @@ def secure_or_insecure_aio_channel(
 # ---------------------------------------------------------------------- NATS
 
 
-def ssl_context(tls: TlsSettings) -> ssl.SSLContext:
-    """A client-side context for NATS: verify the server against ``ca_file`` (host name
-    checked), present ``cert_file``/``key_file`` when set."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    ca = _read(tls, "ca_file", needed_for="a TLS connection to NATS")
-    try:
-        context.load_verify_locations(cadata=ca.decode("ascii", errors="replace"))
-    except ssl.SSLError as exc:
-        raise ConfigError(
-            f"GANTRY_TLS__CA_FILE {tls.ca_file} holds no usable CA certificate: {exc}",
-            hint="point it at the PEM CA certificate",
-        ) from None
-    if tls.cert_file is not None or tls.key_file is not None:
-        needed_for = "a client certificate"
-        cert = _path(tls, "cert_file", needed_for=needed_for)
-        key = _path(tls, "key_file", needed_for=needed_for)
-        _read(tls, "cert_file", needed_for=needed_for)  # a clear error for a missing file
-        _read(tls, "key_file", needed_for=needed_for)
-        try:
-            context.load_cert_chain(certfile=str(cert), keyfile=str(key))
-        except ssl.SSLError as exc:
-            raise ConfigError(
-                f"GANTRY_TLS__CERT_FILE {cert} and GANTRY_TLS__KEY_FILE {key} do not make a "
-                f"usable certificate and key: {exc}",
-                hint="check that the key belongs to the certificate",
-            ) from None
-    return context
-
-
 __all__ = [
     "add_port",
     "channel_credentials",
     "channel_options",
     "is_enabled",
+    "nats_tls",
     "secure_or_insecure_aio_channel",
     "secure_or_insecure_channel",
     "server_credentials",

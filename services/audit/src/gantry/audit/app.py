@@ -29,6 +29,7 @@ from gantry.audit.retention import Retention
 from gantry.audit.settings import AuditSettings
 from gantry.audit.store import Store, connect, migrate, outbox
 from gantry.audit.subject_reports import GovernanceSubjects, SubjectReports
+from gantry.audit.token_revocations import TokenRevocations
 from gantry.core import GantryError, get_logger
 from gantry.core.entrypoint import run_until_signalled
 from gantry.core.health import HealthServer, connected
@@ -42,10 +43,11 @@ from gantry.events import (
     SignaturePool,
 )
 from gantry.protos.v1 import audit_pb2_grpc
-from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security import AuthInterceptor, Authorizer, Policy, default_policy
+from gantry.security.callers import caller_verifier, watch_revocations
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import DirectoryTrustStore, Keyring
-from gantry.security.tls import add_port
+from gantry.security.tls import add_port, nats_tls
 from gantry.security.tokens import ServiceToken
 from gantry.storage import open_store
 
@@ -80,7 +82,9 @@ class AuditService:
         self.anomalies = AnomalyWatch(self.engine, Outbox(outbox), settings.audit.anomaly)
         o = settings.audit
         self.token = ServiceToken(
-            "audit", self.keyring.issuer, configured=o.token.get_secret_value()
+            "audit",
+            functools.partial(self.keyring.service_key, "audit"),
+            configured=o.token.get_secret_value(),
         )
         self.subjects = SubjectReports(
             self.ledger,
@@ -124,8 +128,9 @@ class AuditService:
         CHECKPOINT_SIZE.set(self.ledger.last_checkpoint_size)
         if s.audit.anomaly.enabled:
             await asyncio.to_thread(self.anomalies.prime)
-        bus = await Bus.connect(s.nats, name="gantry-audit")
+        bus = await Bus.connect(s.nats, name="gantry-audit", tls=nats_tls(s.tls))
         await bus.ensure_streams()
+        revocations = await watch_revocations(bus)
         publisher = Publisher(bus, signer=self.key, max_event_bytes=s.audit.max_event_bytes)
         background = BackgroundPublisher(publisher)
         background.start()
@@ -152,8 +157,9 @@ class AuditService:
             watch=self.anomalies,
         )
         policy = Policy.from_file(s.audit.policy_file) if s.audit.policy_file else default_policy()
+        verifier = caller_verifier(self.keyring, policy.roles, revocations.revocations)
         interceptor = AuthInterceptor(
-            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            verifier,
             Authorizer(policy),
             METHOD_RULES,
             EventDecisionSink(background, source=SOURCE),
@@ -170,6 +176,7 @@ class AuditService:
                 reports=self.reports,
                 retention=self.retention,
                 archiver=self.archiver,
+                tokens=TokenRevocations(bus, publisher, verifier),
             ),
             server,
         )
@@ -221,6 +228,7 @@ class AuditService:
         await background.drain()
         if pool is not None:
             await asyncio.to_thread(pool.close)
+        await revocations.stop()
         await bus.close()
         probes.stop()
         self.engine.dispose()

@@ -38,10 +38,11 @@ from gantry.governance.store import connect, migrate, outbox
 from gantry.governance.uploads import Uploads
 from gantry.governance.views import Views
 from gantry.protos.v1 import governance_pb2_grpc
-from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security import AuthInterceptor, Authorizer, Policy, default_policy
+from gantry.security.callers import caller_verifier, watch_revocations
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
-from gantry.security.tls import add_port
+from gantry.security.tls import add_port, nats_tls
 from gantry.storage import open_store
 
 _log = get_logger("gantry.governance")
@@ -105,8 +106,9 @@ class GovernanceService:
         s = self.settings
         g = s.governance
         await asyncio.to_thread(migrate, self.engine)
-        bus = await Bus.connect(s.nats, name="gantry-governance")
+        bus = await Bus.connect(s.nats, name="gantry-governance", tls=nats_tls(s.tls))
         await bus.ensure_streams()
+        revocations = await watch_revocations(bus)
         publisher = Publisher(bus, signer=self.key)
         background = BackgroundPublisher(publisher)
         background.start()
@@ -117,7 +119,7 @@ class GovernanceService:
         domain = self.domain(authorizer, sink)
         jobs = JobEvents(bus, domain.grants, publisher, verifier=self.keyring.trust())
         interceptor = AuthInterceptor(
-            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            caller_verifier(self.keyring, policy.roles, revocations.revocations),
             authorizer,
             METHOD_RULES,
             sink,
@@ -167,6 +169,7 @@ class GovernanceService:
         relay.stop()
         await tasks[0]
         await background.drain()
+        await revocations.stop()
         await bus.close()
         probes.stop()
         self.engine.dispose()

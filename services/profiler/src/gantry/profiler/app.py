@@ -30,10 +30,11 @@ from gantry.profiler.recording import Recorder
 from gantry.profiler.settings import ProfilerSettings
 from gantry.profiler.traces import Traces
 from gantry.protos.v1 import profiler_pb2_grpc
-from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security import AuthInterceptor, Authorizer, Policy, default_policy
+from gantry.security.callers import caller_verifier, watch_revocations
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
-from gantry.security.tls import add_port
+from gantry.security.tls import add_port, nats_tls
 from gantry.storage import open_store
 
 _TICK_S = 0.5
@@ -78,8 +79,9 @@ class ProfilerService:
         await asyncio.to_thread(store.migrate, self.engine)
         restored = await asyncio.to_thread(self.recorder.restore)
         objects = await asyncio.to_thread(open_store, s.storage, data_dir=s.data_dir)
-        bus = await Bus.connect(s.nats, name="gantry-profiler")
+        bus = await Bus.connect(s.nats, name="gantry-profiler", tls=nats_tls(s.tls))
         await bus.ensure_streams()
+        revocations = await watch_revocations(bus)
         publisher = Publisher(bus, signer=self.key)
         background = BackgroundPublisher(publisher)
         background.start()
@@ -99,7 +101,7 @@ class ProfilerService:
         authorizer = Authorizer(policy)
         sink = EventDecisionSink(background, source=store.SOURCE)
         interceptor = AuthInterceptor(
-            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            caller_verifier(self.keyring, policy.roles, revocations.revocations),
             authorizer,
             METHOD_RULES,
             sink,
@@ -156,6 +158,7 @@ class ProfilerService:
         relay.stop()
         await tasks[0]
         await background.drain()
+        await revocations.stop()
         await bus.close()
         probes.stop()
         self.engine.dispose()

@@ -31,10 +31,11 @@ from gantry.scheduler.consumers import SchedulerEvents
 from gantry.scheduler.control import SOURCE, Control
 from gantry.scheduler.settings import SchedulerSettings
 from gantry.scheduler.store import connect, migrate, outbox
-from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security import AuthInterceptor, Authorizer, Policy, default_policy
+from gantry.security.callers import caller_verifier, watch_revocations
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
-from gantry.security.tls import add_port
+from gantry.security.tls import add_port, nats_tls
 
 SERVICE_NAME = "scheduler"
 _log = get_logger("gantry.scheduler")
@@ -115,8 +116,9 @@ class SchedulerService:
         await asyncio.to_thread(migrate, self.engine)
         thread = ControlThread(self.control)
         await thread.call(self.control.recover)
-        bus = await Bus.connect(s.nats, name="gantry-scheduler")
+        bus = await Bus.connect(s.nats, name="gantry-scheduler", tls=nats_tls(s.tls))
         await bus.ensure_streams()
+        revocations = await watch_revocations(bus)
         publisher = Publisher(bus, signer=self.key)
         background = BackgroundPublisher(publisher)
         background.start()
@@ -142,7 +144,7 @@ class SchedulerService:
             bus, thread, publisher, verifier=self.keyring.trust(), kick=self.kick
         )
         interceptor = AuthInterceptor(
-            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            caller_verifier(self.keyring, policy.roles, revocations.revocations),
             authorizer,
             METHOD_RULES,
             sink,
@@ -190,6 +192,7 @@ class SchedulerService:
         relay.stop()
         await tasks[0]
         await background.drain()
+        await revocations.stop()
         await bus.close()
         if kube is not None:
             for part in kube:

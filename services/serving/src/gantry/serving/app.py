@@ -34,12 +34,12 @@ from gantry.security import (
     AuthInterceptor,
     Authorizer,
     Policy,
-    TokenVerifier,
     default_policy,
 )
+from gantry.security.callers import caller_verifier, watch_revocations
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
-from gantry.security.tls import add_port
+from gantry.security.tls import add_port, nats_tls
 from gantry.serving import store
 from gantry.serving.api import METHOD_RULES, SERVICE, ServingApi
 from gantry.serving.artifact import Artifact
@@ -111,8 +111,9 @@ class ServingService:
         o = s.serving
         threads = o.torch_threads or max(1, (os.cpu_count() or 1) // o.max_instances)
         await asyncio.to_thread(store.migrate, self.engine)
-        bus = await Bus.connect(s.nats, name="gantry-serving")
+        bus = await Bus.connect(s.nats, name="gantry-serving", tls=nats_tls(s.tls))
         await bus.ensure_streams()
+        revocations = await watch_revocations(bus)
         publisher = Publisher(bus, signer=self.key)
         background = BackgroundPublisher(publisher)
         background.start()
@@ -120,7 +121,7 @@ class ServingService:
         policy = Policy.from_file(o.policy_file) if o.policy_file else default_policy()
         authorizer = Authorizer(policy)
         sink = EventDecisionSink(background, source=store.SOURCE)
-        verifier = TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles)
+        verifier = caller_verifier(self.keyring, policy.roles, revocations.revocations)
         rollouts = self.rollouts = Rollouts(
             self.engine,
             self.fetch,
@@ -235,6 +236,7 @@ class ServingService:
         relay.stop()
         await tasks[0]
         await background.drain()
+        await revocations.stop()
         await bus.close()
         probes.stop()
         self.engine.dispose()

@@ -73,6 +73,7 @@ from gantry.events.catalog import (
 )
 from gantry.events.envelope import EventEnvelope
 from gantry.security.keyring import SERVICE_KID_PREFIX, Keyring
+from gantry.security.tls import nats_tls
 from gantry.training.outputs import MAX_METRIC_NAME, MAX_METRICS
 from gantry.training_agent.governance import GovernanceLink, Grant
 from gantry.training_agent.inventory import NodeInventory, UsageSampler
@@ -263,7 +264,9 @@ class NodeAgent:
             self.probes.stop()
 
     async def _run(self) -> None:
-        bus = self._bus = await Bus.connect(self.settings.nats, name=f"gantry-agent-{self.node}")
+        bus = self._bus = await Bus.connect(
+            self.settings.nats, name=f"gantry-agent-{self.node}", tls=nats_tls(self.settings.tls)
+        )
         try:
             await bus.ensure_streams()
             publisher = self._publisher = Publisher(bus, signer=self.key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from pathlib import Path
 
@@ -24,10 +25,11 @@ from gantry.core.health import HealthServer, connected
 from gantry.core.runfile import run_file, service_address, write_run_file
 from gantry.events import BackgroundPublisher, Bus, OutboxRelay, Publisher
 from gantry.protos.v1 import workflows_pb2_grpc
-from gantry.security import AuthInterceptor, Authorizer, Policy, TokenVerifier, default_policy
+from gantry.security import AuthInterceptor, Authorizer, Policy, default_policy
+from gantry.security.callers import caller_verifier, watch_revocations
 from gantry.security.decisions import EventDecisionSink
 from gantry.security.keyring import Keyring
-from gantry.security.tls import add_port
+from gantry.security.tls import add_port, nats_tls
 from gantry.security.tokens import ServiceToken
 from gantry.workflows import store
 from gantry.workflows.api import METHOD_RULES, SERVICE, SERVICE_NAME, WorkflowApi
@@ -62,7 +64,9 @@ class WorkflowService:
         self.engine = store.connect(settings.database_url)
         self.clock = clock or SystemClock()
         self.token = ServiceToken(
-            SERVICE_NAME, self.keyring.issuer, configured=o.token.get_secret_value()
+            SERVICE_NAME,
+            functools.partial(self.keyring.service_key, SERVICE_NAME),
+            configured=o.token.get_secret_value(),
         )
         self.platform = platform or ServicePlatform(
             lambda: service_address(
@@ -119,8 +123,9 @@ class WorkflowService:
         s = self.settings
         o = s.workflows
         await asyncio.to_thread(store.migrate, self.engine)
-        bus = await Bus.connect(s.nats, name="gantry-workflows")
+        bus = await Bus.connect(s.nats, name="gantry-workflows", tls=nats_tls(s.tls))
         await bus.ensure_streams()
+        revocations = await watch_revocations(bus)
         publisher = Publisher(bus, signer=self.key)
         background = BackgroundPublisher(publisher)
         background.start()
@@ -142,7 +147,7 @@ class WorkflowService:
         authorizer = Authorizer(policy)
         sink = EventDecisionSink(background, source=store.SOURCE)
         interceptor = AuthInterceptor(
-            TokenVerifier(self.keyring.token_trust(), known_roles=policy.roles),
+            caller_verifier(self.keyring, policy.roles, revocations.revocations),
             authorizer,
             METHOD_RULES,
             sink,
@@ -199,6 +204,7 @@ class WorkflowService:
         relay.stop()
         await tasks[0]
         await background.drain()
+        await revocations.stop()
         await bus.close()
         self.engine.dispose()
         self._run_file().unlink(missing_ok=True)

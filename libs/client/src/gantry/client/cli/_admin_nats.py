@@ -83,7 +83,7 @@ def admin_streams(
         creds = settings.data_dir / "nats" / "credentials.env"
         nats.user = ADMIN_USER
         nats.password = password_of(read_credentials(creds), ADMIN_USER)
-    counts = asyncio.run(create_streams(nats))
+    counts = asyncio.run(create_streams(nats, settings.tls))
     out = state_of(ctx).out
     for name, messages in counts:
         out.print(f"{name:<11} {messages:>10,} messages  replicas {nats.stream_replicas}")

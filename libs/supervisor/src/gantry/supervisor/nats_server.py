@@ -58,6 +58,17 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """The server's certificate, key and the CA its clients' certificates must chain to."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    #: Require and verify client certificates (mutual TLS), as the cluster profile does.
+    verify_clients: bool = True
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """This server's place in a JetStream cluster: its route port and every route."""
 
@@ -89,6 +100,7 @@ class NatsServer:
         sync_always: bool = False,
         cluster: ClusterSpec | None = None,
         netns: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -100,13 +112,19 @@ class NatsServer:
         self.env = dict(env or {})
         self.sync_always = sync_always
         self.cluster = cluster
+        self.tls = tls
         #: Run the server inside this network namespace (``ip netns exec``; root only).
         self.netns = netns
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _config_file(self) -> Path | None:
         """Write this server's configuration file, or None when flags are enough."""
-        if self.auth_conf is None and not self.sync_always and self.cluster is None:
+        if (
+            self.auth_conf is None
+            and not self.sync_always
+            and self.cluster is None
+            and self.tls is None
+        ):
             return None
         lines = [f'jetstream {{\n  store_dir: "{self.store_dir}"']
         if self.sync_always:
@@ -124,14 +142,21 @@ class NatsServer:
                 f'  listen: "{self.cluster.host or self.host}:{self.cluster.port}"\n'
                 f"  routes: [\n{routes}  ]\n}}"
             )
+        if self.tls is not None:
+            t = self.tls
+            lines.append(
+                f'tls {{\n  cert_file: "{t.cert_file}"\n  key_file: "{t.key_file}"\n'
+                f'  ca_file: "{t.ca_file}"\n  verify: {str(t.verify_clients).lower()}\n}}'
+            )
         path = self.store_dir / "gantry-nats.conf"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return path
 
     @property
     def url(self) -> str:
-        """Client URL, e.g. ``nats://127.0.0.1:40665`` (valid once started)."""
-        return f"nats://{self.host}:{self.port}"
+        """Client URL, e.g. ``nats://127.0.0.1:40665`` (``tls://`` with TLS; once started)."""
+        scheme = "tls" if self.tls is not None else "nats"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -232,4 +257,4 @@ class NatsServer:
         self.stop()
 
 
-__all__ = ["ClusterSpec", "NatsServer", "find_nats_server", "port_is_free"]
+__all__ = ["ClusterSpec", "NatsServer", "TlsFiles", "find_nats_server", "port_is_free"]

@@ -59,7 +59,6 @@ OPERATOR_SECRETS = {
     "gantry-keys-issuers",
     "gantry-keys-services",
     "gantry-keys-secrets",
-    "gantry-keys-issuer",
     "gantry-storage-kek",
 }
 PROD_ONLY_OPERATOR_SECRETS = {"gantry-postgres", "gantry-s3"}
@@ -581,12 +580,13 @@ def test_the_key_install_step_builds_a_key_directory_the_services_load(tmp_path:
     """Run the init container's script against volumes laid out as the kubelet does (files
     reached through a hidden ..data directory, mode 0440) and load the result with
     gantry.security.keyring, as the audit service does at start."""
+    from gantry.security.bootstrap import init_data_dir
     from gantry.security.keyring import Keyring
 
-    source = Keyring(tmp_path / "made-by-admin-init")
+    made = init_data_dir(tmp_path / "made-by-admin-init")
+    source = Keyring(made.keys_dir)
     signing = source.service_key("audit")
     seal = source.secret("audit-seal")
-    issuer = source.issuer(create=True)
     spec = pod(workload("prod", "audit"))
     (init,) = spec["initContainers"]
     mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
@@ -613,7 +613,8 @@ def test_the_key_install_step_builds_a_key_directory_the_services_load(tmp_path:
     installed = Keyring(root / "var/lib/gantry/keys")
     assert installed.service_key("audit").public_key_bytes() == signing.public_key_bytes()
     assert installed.secret("audit-seal") == seal
-    assert installed.issuer().kid == issuer.kid
+    assert made.issuer_kid in installed.token_trust()  # users' tokens verify
+    assert not installed.issuer_path.exists()  # but none can be signed here
     for path in installed.root.rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {mode:o}"
@@ -629,6 +630,57 @@ def _kubelet_volume(mount: Path, files: dict[str, bytes]) -> None:
     (mount / "..data").symlink_to(data.name)
     for top in {name.split("/")[0] for name in files}:
         (mount / top).symlink_to(f"..data/{top}")
+
+
+def test_no_pod_holds_the_token_signing_key(overlay: str) -> None:
+    # Services sign their own service tokens with their own keys (svc-<name>, valid for that
+    # service alone), so issuer.pem, which signs every user's and admin's token, stays with
+    # the operators: a compromised pod can speak for its own service and no one else.
+    for obj in workloads(overlay):
+        spec = pod(obj)
+        where = obj["metadata"]["name"]
+        assert "issuer.pem" not in yaml.safe_dump(spec), where
+        assert "gantry-keys-issuer" not in {name for name, _ in _referenced(spec)[0]}, where
+
+
+def test_each_process_gets_only_its_own_private_keys(overlay: str) -> None:
+    from gantry.security.bootstrap import PLATFORM_SECRETS, PLATFORM_SERVICES
+
+    assert set(PLATFORM_SERVICES) == set(COMPONENTS)  # gantry admin init makes every key
+    owned = {
+        "audit": "audit-seal",
+        "governance": "governance-subjects",
+        "workflows": "workflows-sessions",
+    }
+    assert set(owned.values()) == set(PLATFORM_SECRETS)
+    for component in COMPONENTS:
+        secrets = _referenced(pod(workload(overlay, component)))[0]
+        mine = {key for name, key in secrets if name == "gantry-keys-services"}
+        assert mine == {f"{component}.pem"}, component
+        kept = {key for name, key in secrets if name == "gantry-keys-secrets"}
+        assert kept == ({f"{owned[component]}.key"} if component in owned else set()), component
+        # The public keys: the services' (events, service tokens) and the issuers' (tokens).
+        names = {name for name, _ in secrets}
+        assert {"gantry-keys-trusted", "gantry-keys-issuers"} <= names, component
+
+
+def test_agents_fence_themselves_before_the_scheduler_declares_their_node_lost(
+    overlay: str,
+) -> None:
+    def setting(component: str, section: str, field: str) -> float:
+        (container,) = pod(workload(overlay, component))["containers"]
+        name = f"GANTRY_{section.upper()}__{field.upper()}"
+        if name in env_of(container):
+            return float(env_of(container)[name]["value"])
+        model = _settings_class(component.replace("-", "_")).model_fields[section].annotation
+        return float(model.model_fields[field].default)
+
+    heartbeat = setting(AGENT, "agent", "heartbeat_s")
+    fence = setting(AGENT, "agent", "fence_after_s")
+    lost = setting("scheduler", "scheduler", "heartbeat_timeout_s")
+    # An agent cut off from NATS stops its workers before their jobs are placed elsewhere,
+    # so two attempts of a job never train side by side; 0 would turn fencing off.
+    assert 0 < heartbeat < fence < lost
 
 
 # -- network --------------------------------------------------------------------------------

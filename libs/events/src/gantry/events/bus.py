@@ -77,6 +77,9 @@ class Bus:
                 options["inbox_prefix"] = inbox_prefix(settings.user)
         if tls is not None:
             options["tls"] = tls
+            # TLS from the first byte: a server that does not speak TLS (or something in its
+            # place) never sees the credentials; the servers are configured handshake_first.
+            options["tls_handshake_first"] = True
         try:
             nc = await asyncio.wait_for(nats.connect(**options), timeout=settings.initial_wait_s)
         except (OSError, TimeoutError, nats.errors.NoServersError) as exc:

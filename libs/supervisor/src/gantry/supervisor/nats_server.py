@@ -146,7 +146,8 @@ class NatsServer:
             t = self.tls
             lines.append(
                 f'tls {{\n  cert_file: "{t.cert_file}"\n  key_file: "{t.key_file}"\n'
-                f'  ca_file: "{t.ca_file}"\n  verify: {str(t.verify_clients).lower()}\n}}'
+                f'  ca_file: "{t.ca_file}"\n  verify: {str(t.verify_clients).lower()}\n'
+                "  handshake_first: true\n}"
             )
         path = self.store_dir / "gantry-nats.conf"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -67,7 +67,7 @@ class AuditOptions(BaseModel):
     token: SecretStr = Field(
         default=SecretStr(""),
         description="The service's own token (to ask governance for a data subject's findings "
-        "as the auditor asking); empty = issued here with the platform's key.",
+        "as the auditor asking); empty = signed here with the service's own key.",
     )
     call_timeout_s: float = Field(
         default=30.0, gt=0, description="Timeout of one call to another service (30 s)."

@@ -39,8 +39,8 @@ class ServingOptions(BaseModel):
     )
     token: SecretStr = Field(
         default=SecretStr(""),
-        description="The service's own token for the registry; default: issued with the "
-        "platform's issuer key (embedded platform).",
+        description="The service's own token for the registry; default: signed with the "
+        "service's own key (keys/services/serving.pem), valid for this service only.",
     )
     allow_anonymous: bool = Field(
         default=False,

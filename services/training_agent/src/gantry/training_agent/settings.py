@@ -73,7 +73,7 @@ class AgentOptions(BaseModel):
     token: SecretStr = Field(
         default=SecretStr(""),
         description="The agent's service token for governance and the profiler; empty = "
-        "issue one with the platform's issuer key under <data_dir>/keys (embedded default).",
+        "sign one with the agent's own key (keys/services/training-agent.pem, the default).",
     )
     profiler_addr: str = Field(
         default="",

@@ -40,7 +40,7 @@ class WorkflowOptions(BaseModel):
     )
     token: SecretStr = Field(
         default=SecretStr(""),
-        description="The service's own token; empty = issued here with the platform's key.",
+        description="The service's own token; empty = signed here with the service's own key.",
     )
     tick_s: float = Field(
         default=0.5, gt=0, description="How often runs and schedules are checked."

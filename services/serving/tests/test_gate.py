@@ -294,3 +294,24 @@ def test_refused_calls_without_a_token_are_recorded_once_per_window(
     with pytest.raises(NotAuthenticated):
         gate.check(None, "scorer", "infer", anonymous_ok=False, method="M")
     assert len(sink.decisions) == 3  # a new window: recorded again
+
+
+def test_a_revoked_token_is_refused_at_once_despite_the_remembered_decision(
+    key: SigningKey,
+    clock: ManualClock,
+    sink: MemoryDecisionSink,
+    issuer: TokenIssuer,
+    fake_time: FakeTime,
+) -> None:
+    from gantry.security.revocations import Revocation, RevocationList
+
+    gate = make_gate(key, clock, sink)
+    revocations = RevocationList(clock)
+    gate._verifier.revocations = revocations
+    token = issuer.issue("app-1", ["model-consumer"], HOUR, kind="service")
+    assert gate.check(token, "scorer", "infer", anonymous_ok=False, method="ModelInfer") == "app-1"
+    jti = gate._verifier.verify(token).token_id
+    revocations.add(Revocation(jti, int((START + HOUR).timestamp() * 1000), reason="leaked"))
+    fake_time.advance(1)  # well inside the 60 s the allow is remembered for
+    with pytest.raises(NotAuthenticated, match="revoked: leaked"):
+        gate.check(token, "scorer", "infer", anonymous_ok=False, method="ModelInfer")

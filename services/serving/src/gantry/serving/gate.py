@@ -37,6 +37,7 @@ class _Remembered:
     allowed: bool
     reason: str
     until: float
+    jti: str = ""
 
 
 class Gate:
@@ -77,6 +78,8 @@ class Gate:
         now = time.monotonic()
         key = (hashlib.blake2b(token.encode(), digest_size=16).hexdigest(), deployment, action)
         remembered = self._cache.get(key)
+        if remembered is not None and self._revoked(remembered):
+            remembered = None  # revoked since: decided again (and refused) at once
         if remembered is None or remembered.until < now:
             remembered = self._decide(token, deployment, action, method, now)
             if len(self._cache) >= _MAX_CACHED:
@@ -111,7 +114,17 @@ class Gate:
         )  # fmt: skip
         expires = principal.expires_at.timestamp() - time.time() + now
         return _Remembered(
-            principal.subject, decision.allowed, decision.reason, min(now + self._ttl_s, expires)
+            principal.subject,
+            decision.allowed,
+            decision.reason,
+            min(now + self._ttl_s, expires),
+            principal.token_id,
+        )
+
+    def _revoked(self, remembered: _Remembered) -> bool:
+        revocations = self._verifier.revocations
+        return bool(
+            remembered.jti and revocations is not None and revocations.revoked(remembered.jti)
         )
 
     def _record(

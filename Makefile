@@ -46,6 +46,7 @@ bench-quick: $(STAMP)
 	$(PY) bench/profiler.py --quick
 	$(PY) bench/workflows.py --quick
 	$(PY) bench/compliance.py --quick
+	$(PY) bench/chaos.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/audit_ingest.py
@@ -59,6 +60,7 @@ bench: $(STAMP)
 	$(PY) bench/profiler.py
 	$(PY) bench/workflows.py
 	$(PY) bench/compliance.py
+	$(PY) bench/chaos.py
 
 demo: $(STAMP)
 	$(PY) -m gantry.client.demo

@@ -192,6 +192,25 @@ class ServingService:
         probes = HealthServer()
         grpc_ready = probes.flag("grpc", down="not serving")
         probes.add_check("nats", connected(lambda: bus.nc.is_connected))
+
+        def models_loaded() -> tuple[bool, str]:
+            # Ready to take traffic only once every deployment has a version that answers:
+            # after a restart the models load in the background for a while.
+            # (A deployment whose versions all failed does not hold the others back.)
+            try:
+                loading = [
+                    name
+                    for name, d in list(rollouts.deployments.items())
+                    if not any(v.ready for v in list(d.versions.values()))
+                    and any(v.state == "loading" for v in list(d.versions.values()))
+                ]
+            except RuntimeError:  # the deployments changed while being read: ask again
+                return False, "deployments changing"
+            if loading:
+                return False, f"loading the model of {', '.join(sorted(loading))}"
+            return True, "models loaded"
+
+        probes.add_check("models", models_loaded)
         self.metrics_port = probes.start(o.metrics_port, o.grpc_host).port
         await rollouts.restore()
         gc.collect()

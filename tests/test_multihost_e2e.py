@@ -37,29 +37,13 @@ from gantry.events.nats_auth import ensure_credentials, password_of
 from gantry.supervisor.nats_cluster import NatsCluster
 from gantry.supervisor.platform import DEFAULT_SERVICES, ExternalNats, LocalAgent, Platform
 from gantry.testing.netns import Network, netns_unavailable_reason
+from gantry.testing.trainers import counting_trainer
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 NODES = ("node-a", "node-b")
 
-#: Counts steps into $GANTRY_CHECKPOINT_DIR/step; resumed, it says from where and finishes
-#: five steps later.
-TRAIN = """
-import os, pathlib, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-ckpt = pathlib.Path(os.environ["GANTRY_CHECKPOINT_DIR"])
-step, last = 0, 10**6
-if os.environ.get("GANTRY_RESUME") == "1":
-    step = int((ckpt / "step").read_text())
-    print(f"resumed from step {step}", flush=True)
-    last = step + 5
-while step < last:
-    step += 1
-    tmp = ckpt / f"step.{os.getpid()}"
-    tmp.write_text(str(step))
-    tmp.replace(ckpt / "step")
-    time.sleep(0.2)
-"""
+TRAIN = counting_trainer(steps_after_resume=5, step_s=0.2)
 
 
 def _job_yaml() -> str:

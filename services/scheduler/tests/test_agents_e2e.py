@@ -18,6 +18,7 @@ import pytest
 
 from gantry.protos.v1 import scheduler_pb2 as pb
 from gantry.testing.agents import spawn_agent
+from gantry.testing.trainers import counting_trainer
 
 from .conftest import Running, running, scheduler_settings
 
@@ -26,25 +27,7 @@ NODES = ("node-a", "node-b")
 #: Prints its rank and exits 0.
 HELLO = "import os; print(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\")"
 
-#: Counts steps into $GANTRY_CHECKPOINT_DIR/step until stopped; resumed, it says from where and
-#: finishes three steps later.
-TRAIN = """
-import os, pathlib, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-ckpt = pathlib.Path(os.environ["GANTRY_CHECKPOINT_DIR"])
-step, last = 0, 10**6
-if os.environ.get("GANTRY_RESUME") == "1":
-    step = int((ckpt / "step").read_text())
-    print(f"resumed from step {step}", flush=True)
-    last = step + 3
-while step < last:
-    step += 1
-    tmp = ckpt / f"step.{os.getpid()}"
-    tmp.write_text(str(step))
-    tmp.replace(ckpt / "step")
-    print(f"step {step}", flush=True)
-    time.sleep(0.1)
-"""
+TRAIN = counting_trainer()
 
 
 def command_job(name: str, script: str, *, replicas: int = 1) -> str:

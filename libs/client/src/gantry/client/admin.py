@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.core import InvalidInput
+from gantry.events.topology import SERVICE_USERS
 from gantry.security import TokenIssuer, default_policy, parse_ttl
 from gantry.security.bootstrap import (
     ADMIN_ROLE,
@@ -46,17 +47,7 @@ SERVICE_ROLE = "service"
 RESERVED_ACCOUNTS = SERVICE_SUBJECTS
 _ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 #: Who gets a TLS certificate by default: the services, the node agent, NATS and the CLI.
-CERTIFICATE_NAMES = (
-    "audit",
-    "governance",
-    "scheduler",
-    "serving",
-    "profiler",
-    "workflows",
-    "training-agent",
-    "nats",
-    "client",
-)
+CERTIFICATE_NAMES = (*SERVICE_USERS, "nats", "client")
 #: Names every certificate answers to besides its own: the same machine.
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
 

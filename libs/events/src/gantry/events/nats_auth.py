@@ -10,11 +10,11 @@ a compose ``env_file`` and as a Kubernetes Secret (``--from-env-file``).
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 from gantry.core import ConfigError
+from gantry.core.private_files import write_private_text
 from gantry.events.topology import USERS, env_name, permissions
 
 HEADER = (
@@ -89,19 +89,11 @@ def ensure_credentials(path: Path) -> dict[str, str]:
 
 def write_credentials(path: Path, values: dict[str, str]) -> None:
     """Write ``values`` as ``NAME=value`` lines to ``path`` (atomically, mode 0600)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     body = "# NATS passwords, one per user (gantry admin init). Keep secret.\n" + "".join(
         f"{name}={value}\n" for name, value in values.items()
     )
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(body)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_private_text(path, body)
 
 
 def new_password() -> str:

@@ -11,27 +11,19 @@ This is what ``gantry admin init`` and ``gantry up`` (on a fresh data directory)
 from __future__ import annotations
 
 import datetime as dt
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from gantry.core.private_files import write_private_text
 from gantry.events.nats_auth import ensure_credentials
+from gantry.events.topology import SERVICE_USERS
 from gantry.security.keyring import Keyring
 from gantry.security.tokens import TokenIssuer
 
 #: Every platform service's own signing key (services/<name>.pem) and the symmetric secrets
 #: the services keep (secrets/<name>.key): made by init, so a cluster can put them in Secrets
 #: before any service starts (a service only creates its own on first start otherwise).
-PLATFORM_SERVICES = (
-    "audit",
-    "governance",
-    "scheduler",
-    "serving",
-    "profiler",
-    "workflows",
-    "training-agent",
-)
+PLATFORM_SERVICES = SERVICE_USERS
 PLATFORM_SECRETS = ("audit-seal", "governance-subjects", "workflows-sessions")
 ADMIN_SUBJECT = "admin"
 ADMIN_ROLE = "platform-admin"
@@ -76,19 +68,6 @@ def init_data_dir(data_dir: Path, *, ttl: dt.timedelta = DEFAULT_TTL) -> InitRes
     nats_credentials = data_dir / "nats" / "credentials.env"
     ensure_credentials(nats_credentials)
     return InitResult(data_dir, ring.root, issuer.kid, created, token_path, nats_credentials)
-
-
-def write_private_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by its owner only (mode 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 __all__ = [

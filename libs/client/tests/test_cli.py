@@ -467,9 +467,10 @@ def test_tree_heads_are_checked_against_the_audit_key_only(tmp_path: Path) -> No
     admin.init(tmp_path)
     admin.create_service_account(tmp_path, "feature-store")
     settings = ClientSettings(data_dir=tmp_path)
+    (tmp_path / "keys" / "trusted" / "svc-audit.pub").unlink()  # init made it: take it away
     with pytest.raises(ConfigError, match=r"svc-audit\.pub is not in"):
         cli.audit_trust(settings)
-    audit_key = admin.keyring(tmp_path).service_key("audit")
+    audit_key = admin.keyring(tmp_path).service_key("audit")  # publishes it again
     trust = cli.audit_trust(settings)
     assert trust.kids() == ["svc-audit"]
     head = TreeHead(3, b"\x01" * 32, 1)

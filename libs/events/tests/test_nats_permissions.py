@@ -243,3 +243,4 @@ async def test_wrong_password_is_refused(secured: tuple[NatsServer, dict[str, st
         assert b"Authorization Violation" in reply
     finally:
         writer.close()
+        await writer.wait_closed()

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from gantry.core import NatsSettings
+from gantry.core.tls import nats_tls
 from gantry.events import Bus, EventEnvelope, Publisher
 from gantry.events.catalog import JobScheduled, JobStepMetrics, WorkerPlacement
 from gantry.profiler.app import ProfilerService
@@ -97,7 +98,7 @@ async def start(settings: ProfilerSettings) -> tuple[ProfilerService, asyncio.Ta
 async def running(settings: ProfilerSettings) -> AsyncIterator[Running]:
     keyring = Keyring(settings.keys_dir)
     issuer = TokenIssuer(keyring.issuer(create=True))
-    bus = await Bus.connect(settings.nats, name="test-peers")
+    bus = await Bus.connect(settings.nats, name="test-peers", tls=nats_tls(settings.tls))
     await bus.ensure_streams()
     service, task = await start(settings)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}")

@@ -14,6 +14,7 @@ from gantry.client.profiler import ProfilerClient
 from gantry.core import NatsSettings, TlsSettings, Unavailable, load_settings
 from gantry.profiler.settings import ProfilerOptions, ProfilerSettings
 from gantry.security.certificates import CertificateAuthority
+from gantry.supervisor.nats_server import NatsServer, TlsFiles
 from gantry.testing.probes import readyz
 
 from .conftest import running
@@ -22,12 +23,19 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def test_the_profiler_serves_mutual_tls_only(
-    tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     certs = tmp_path / "certs"
     ca, _ = CertificateAuthority.load_or_create(certs)
     ca.write(certs, "profiler", hosts=["localhost", "127.0.0.1"])
     ca.write(certs, "client")
+    # With TLS on, the bus is TLS too (from the first byte): NATS gets the cluster's CA.
+    ca.write(certs, "nats", hosts=["localhost", "127.0.0.1"])
+    nats = NatsServer(
+        tmp_path / "nats",
+        tls=TlsFiles(certs / "nats.crt", certs / "nats.key", certs / "ca.crt"),
+    ).start()
+    nats_url = nats.url
     monkeypatch.setenv("GANTRY_TLS__ENABLED", "true")
     monkeypatch.setenv("GANTRY_TLS__CLIENT_AUTH", "true")
     monkeypatch.setenv("GANTRY_TLS__CA_FILE", str(certs / "ca.crt"))
@@ -46,6 +54,13 @@ async def test_the_profiler_serves_mutual_tls_only(
     monkeypatch.delenv("GANTRY_TLS__CLIENT_AUTH")
     client_tls = load_settings(ClientSettings).tls  # as the CLI loads it
 
+    try:
+        await _serves_mutual_tls_only(settings, client_tls)
+    finally:
+        nats.stop()
+
+
+async def _serves_mutual_tls_only(settings: ProfilerSettings, client_tls: TlsSettings) -> None:
     async with running(settings) as profiler:
         address = f"127.0.0.1:{profiler.service.grpc_port}"
         token = profiler.issuer.issue("root", ["platform-admin"], dt.timedelta(minutes=5))

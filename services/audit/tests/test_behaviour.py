@@ -128,6 +128,19 @@ def test_a_denial_storm_is_flagged_and_an_allow_ends_a_run() -> None:
     assert "denied 5 times in a row within 5 s" in found[0].reason
 
 
+def test_an_earlier_allow_ingested_late_does_not_end_a_run() -> None:
+    """Streams are ingested side by side: an allowed read's event may arrive after the
+    denials that followed it. Only an allow later than the run's last denial ends it."""
+    model = BehaviourModel(AnomalySettings(denial_run=5, denial_window_s=60))
+    base = _at(0, 10)
+    for i in range(3):
+        assert model.observe(decision("eve", base + dt.timedelta(seconds=10 + i), False)) == []
+    assert model.observe(read("eve", base + dt.timedelta(seconds=1))) == []  # older, late
+    for i in range(3, 5):
+        found = model.observe(decision("eve", base + dt.timedelta(seconds=10 + i), False))
+    assert [a.kind for a in found] == ["denial_storm"]
+
+
 def test_a_raw_read_by_a_deidentified_reader_and_by_a_deidentified_role() -> None:
     model = BehaviourModel()
     model.observe(decision("dev", START, True))  # dev is an ml-developer

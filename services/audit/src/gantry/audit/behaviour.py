@@ -384,7 +384,11 @@ class BehaviourModel:
             p.addresses.add(a.address)
         if a.denied:
             return
-        p.denials.clear()  # an allowed action ends a run of denials
+        # An allowed action ends a run of denials — one that happened after the run's last
+        # denial: events of other streams (a read's data.accessed) may be ingested later than
+        # the denials that followed them.
+        if not p.denials or a.time_ms > p.denials[-1][0]:
+            p.denials.clear()
         if not a.read:
             return
         day = self._day(a.time_ms)

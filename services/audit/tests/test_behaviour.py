@@ -141,6 +141,20 @@ def test_an_earlier_allow_ingested_late_does_not_end_a_run() -> None:
     assert [a.kind for a in found] == ["denial_storm"]
 
 
+def test_allowed_listings_between_refused_reads_do_not_end_the_storm() -> None:
+    """Each refused read is preceded by an allowed listing of the shards (as the SDK does):
+    the refused reads still make a storm."""
+    model = BehaviourModel(AnomalySettings(denial_run=5, denial_window_s=60))
+    base = _at(0, 10)
+    found: list[Any] = []
+    for i in range(5):
+        listing = decision("eve", base + dt.timedelta(seconds=2 * i), True)
+        listing = listing.model_copy(update={"data": {**listing.data, "action": "list"}})
+        assert model.observe(listing) == []
+        found = model.observe(decision("eve", base + dt.timedelta(seconds=2 * i + 1), False))
+    assert [a.kind for a in found] == ["denial_storm"]
+
+
 def test_a_raw_read_by_a_deidentified_reader_and_by_a_deidentified_role() -> None:
     model = BehaviourModel()
     model.observe(decision("dev", START, True))  # dev is an ml-developer

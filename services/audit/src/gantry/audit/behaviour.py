@@ -141,6 +141,7 @@ class _Access:
     denied: bool
     address: str
     job_id: str
+    action: str = "read"
 
 
 @dataclass
@@ -160,6 +161,7 @@ class Profile:
     reads: int = 0
     raw_reads: int = 0
     denials: deque[tuple[int, str]] = field(default_factory=deque)
+    denied_action: str = ""
     alerted: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def days_known(self, now_ms: int) -> float:
@@ -315,6 +317,7 @@ class BehaviourModel:
         s = self.settings
         run = p.denials
         run.append((a.time_ms, a.event_id))
+        p.denied_action = a.action
         while run and a.time_ms - run[0][0] > s.denial_window_s * 1000:
             run.popleft()
         if len(run) < s.denial_run:
@@ -387,7 +390,9 @@ class BehaviourModel:
         # An allowed action ends a run of denials — one that happened after the run's last
         # denial: events of other streams (a read's data.accessed) may be ingested later than
         # the denials that followed them.
-        if not p.denials or a.time_ms > p.denials[-1][0]:
+        # Only an allowed action of the kind denied ends it: listing what one then may not read
+        # is part of a storm of refused reads, not the end of it.
+        if not p.denials or (a.time_ms > p.denials[-1][0] and a.action == p.denied_action):
             p.denials.clear()
         if not a.read:
             return
@@ -476,6 +481,7 @@ def _access_of(event: EventEnvelope) -> _Access | None:
             denied=data.get("decision") == "deny",
             address=str(data.get("address", "")),
             job_id="",
+            action=str(data.get("action", "")),
         )
     return None
 

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gantry-installed
-PACKAGES := libs/core libs/events libs/security libs/protos libs/storage libs/testing libs/supervisor libs/client libs/dataload libs/sched libs/training services/audit services/governance services/scheduler services/training_agent services/serving services/profiler services/workflows
+PACKAGES := libs/core libs/events libs/security libs/protos libs/storage libs/testing libs/supervisor libs/client libs/dataload libs/sched libs/training services/audit services/governance services/scheduler services/training_agent services/serving services/profiler services/workflows services/console
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 PROTO_OUT := libs/protos/src
 

@@ -151,6 +151,7 @@ class Ticker:
         self.platform = platform
         self.key_path = key_path
         self.acked: list[str] = []
+        self.acked_at: list[float] = []
         self.failures = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -177,6 +178,7 @@ class Ticker:
                 try:
                     await emitter.publisher.publish(event)
                     self.acked.append(str(event.id))
+                    self.acked_at.append(time.monotonic())
                 except Exception:
                     self.failures += 1
                 await asyncio.sleep(0.05)
@@ -237,6 +239,7 @@ def test_a_lost_nats_server_and_a_cut_off_node_lose_nothing(site: Site) -> None:
             assert time.monotonic() < deadline, "no checkpoint was written"
             time.sleep(0.1)
 
+        storm = time.monotonic()
         site.cluster.servers[1].kill()  # one of three NATS servers dies
         site.cut(victim)  # and the job's node drops off the network
         try:
@@ -269,7 +272,10 @@ def test_a_lost_nats_server_and_a_cut_off_node_lose_nothing(site: Site) -> None:
         time.sleep(1.0)  # a last few ticks after the storm
 
     assert ticker.error is None, repr(ticker.error)
-    assert len(ticker.acked) > 50
+    # the outside service kept publishing before and after the storm (how many depends on load)
+    before = sum(1 for t in ticker.acked_at if t < storm)
+    after = len(ticker.acked_at) - before
+    assert before > 0 and after > 0, (before, after, ticker.failures)
     stored = asyncio.run(
         _stored_ids(platform.nats_url, password_of(site.credentials, "admin"), len(ticker.acked))
     )

@@ -78,7 +78,7 @@ from gantry.core import (
     new_id,
 )
 from gantry.core.runfile import run_info
-from gantry.supervisor.platform import Platform
+from gantry.supervisor.platform import CONSOLE, DEFAULT_SERVICES, Platform
 
 if TYPE_CHECKING:
     from gantry.client.audit import AuditClient
@@ -112,6 +112,7 @@ class Summary:
     verified_events: int = 0
     checkpoints: int = 0
     proof_index: int = -1
+    console_url: str = ""
     elapsed_s: float = 0.0
 
 
@@ -198,8 +199,12 @@ def run(
     console: Console | None = None,
     log_sink: Callable[[str], None] | None = None,
     steps: _Steps | None = None,
+    keep: bool = False,
 ) -> Summary:
-    """Run the demo against a platform it starts in ``data_dir``; raise GantryError on failure."""
+    """Run the demo against a platform it starts in ``data_dir``; raise GantryError on failure.
+
+    ``keep`` leaves the platform (and its web console) running after the demo until Ctrl-C.
+    """
     from gantry.client.admin import create_service_account, create_token
     from gantry.client.audit import AuditClient
 
@@ -212,6 +217,7 @@ def run(
     platform = Platform(
         data_dir,
         nats_port=nats_port,
+        services=(*DEFAULT_SERVICES, CONSOLE),
         agents=AGENTS,
         service_env={"GANTRY_AUDIT__CHECKPOINT_EVERY_S": "0.5", **SCHEDULER_ENV},
         log_sink=log_sink,
@@ -222,6 +228,11 @@ def run(
             f"workflows services; {len(AGENTS)} node agents)"
         ):
             platform.start(timeout_s=60)
+        summary.console_url = platform.console_url
+        console.print(
+            f"[bold]web console:[/] {summary.console_url} — log in with the token in "
+            f"{escape(str(data_dir / 'admin.token'))}"
+        )
         summary.data = governance_story(
             platform.address("governance"), data_dir, steps.step, console, rows=rows
         )
@@ -292,6 +303,13 @@ def run(
                 version=summary.data.version,
                 since_ms=started_ms,
             )
+        if keep:
+            console.print(
+                f"[bold]the platform keeps running:[/] web console {summary.console_url} "
+                f"(token: {escape(str(data_dir / 'admin.token'))}); Ctrl-C stops it"
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                platform.wait()
     finally:
         platform.stop()
     summary.elapsed_s = time.monotonic() - started
@@ -412,6 +430,11 @@ def _summary_table(summary: Summary) -> Table:
         f"checkpoint{'' if summary.checkpoints == 1 else 's'})",
     )
     table.add_row("inclusion proof", f"OK (entry {summary.proof_index:,})")
+    if summary.console_url:
+        table.add_row(
+            "web console",
+            f"{summary.console_url} (ran with the demo; --keep or 'gantry up' keeps one running)",
+        )
     c = summary.compliance
     if c is not None:
         table.add_row("anomaly raised (denial storm)", c.anomaly_reason)
@@ -458,6 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         "--nats-port", type=int, default=0, help="preferred NATS port (default: any free one)"
     )
     parser.add_argument("--verbose", action="store_true", help="stream the services' logs")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the platform and its web console running after the demo, until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     if args.events < 1:
         parser.error("--events must be at least 1")
@@ -485,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                 console=console,
                 log_sink=sink,
                 steps=steps,
+                keep=args.keep,
             )
         except GantryError as exc:
             print(f"demo failed while {steps.current}: {exc}", file=sys.stderr)

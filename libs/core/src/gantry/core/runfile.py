@@ -24,27 +24,22 @@ def write_run_file(
     data_dir: Path,
     service: str,
     *,
-    host: str,
-    grpc_port: int,
-    metrics_port: int,
+    host: str = "127.0.0.1",
+    grpc_port: int | None = None,
+    metrics_port: int | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> Path:
-    """Atomically record this process's pid, gRPC address and metrics URL (and ``extra``
-    addresses, e.g. a REST endpoint); return the path."""
+    """Atomically record this process's pid, gRPC address and metrics URL (each when it has
+    one) and ``extra`` addresses (e.g. a REST endpoint, ``http``); return the path."""
     path = run_file(data_dir, service)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "service": service,
-                "pid": os.getpid(),
-                "grpc": f"{host}:{grpc_port}",
-                "metrics": f"http://{host}:{metrics_port}/metrics",
-                **(extra or {}),
-            }
-        )
-    )
+    info: dict[str, object] = {"service": service, "pid": os.getpid()}
+    if grpc_port is not None:
+        info["grpc"] = f"{host}:{grpc_port}"
+    if metrics_port is not None:
+        info["metrics"] = f"http://{host}:{metrics_port}/metrics"
+    tmp.write_text(json.dumps({**info, **(extra or {})}))
     os.replace(tmp, path)
     return path
 

@@ -60,6 +60,8 @@ from gantry.supervisor.nats_server import NatsServer, port_is_free
 DEFAULT_NATS_PORT = 4222
 #: The services ``gantry up`` runs, in start order.
 DEFAULT_SERVICES = ("audit", "governance", "scheduler", "serving", "profiler", "workflows")
+#: The web console: a service without a bus connection, answering HTTP (``gantry up`` runs it).
+CONSOLE = "console"
 #: The node agent module local agents run.
 AGENT_MODULE = "gantry.training_agent"
 #: What a node agent logs once its node is registered and it takes placements.
@@ -301,6 +303,12 @@ class Platform:
         if self._nats is None:
             raise Unavailable("the platform is not started", hint="call start() first")
         return self._nats.port
+
+    @property
+    def console_url(self) -> str:
+        """The web console's address (when the platform runs it)."""
+        info = self.service_info(CONSOLE)
+        return str(info["http"])
 
     def address(self, name: str) -> str:
         """``host:port`` of service ``name``'s gRPC API."""
@@ -556,18 +564,23 @@ class Platform:
         """A child's environment: where NATS and the data are, its NATS user, JSON logs;
         services also get free ports (their run files say which)."""
         env = dict(os.environ)
-        user = self._nats_user(name)
         env.update(
             {
                 "GANTRY_DATA_DIR": str(self.data_dir),
-                "GANTRY_NATS__URL": self.nats_url,
-                "GANTRY_NATS__USER": user,
-                "GANTRY_NATS__PASSWORD": password_of(self._nats_credentials, user),
-                "GANTRY_NATS__STREAM_REPLICAS": str(self._stream_replicas),
                 "GANTRY_LOG_JSON": "true",
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if name != CONSOLE:  # the console talks to the services' APIs only, never the bus
+            user = self._nats_user(name)
+            env.update(
+                {
+                    "GANTRY_NATS__URL": self.nats_url,
+                    "GANTRY_NATS__USER": user,
+                    "GANTRY_NATS__PASSWORD": password_of(self._nats_credentials, user),
+                    "GANTRY_NATS__STREAM_REPLICAS": str(self._stream_replicas),
+                }
+            )
         if self._agent(name) is None:
             prefix = f"GANTRY_{name.upper()}__"
             env.update(
@@ -629,13 +642,14 @@ class Platform:
             else:
                 info = _read_json(run_file)
                 address = info.get("grpc")
-                if (
-                    info.get("pid") == child.proc.pid
-                    and isinstance(address, str)
-                    and _serving(address)
+                web = info.get("http")
+                if info.get("pid") == child.proc.pid and (
+                    (isinstance(address, str) and _serving(address))
+                    or (address is None and isinstance(web, str) and _answers(web))
                 ):
                     child.info = info
-                    self._log(f"gantry | {name} is ready: gRPC {address}")
+                    where = f"gRPC {address}" if address else web
+                    self._log(f"gantry | {name} is ready: {where}")
                     return
             if time.monotonic() >= deadline:
                 with contextlib.suppress(ProcessLookupError):
@@ -684,6 +698,18 @@ class Platform:
             self._log(f"gantry | could not restart nats-server: {exc.message}")
 
 
+def _answers(url: str) -> bool:
+    """True when the web service at ``url`` answers its readiness probe."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/readyz", timeout=1.0) as reply:
+            return int(reply.status) == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
 def _serving(address: str) -> bool:
     """True when the gRPC health service at ``address`` says SERVING for the whole server.
 
@@ -729,6 +755,7 @@ def _tail_text(child: _Child) -> str:
 __all__ = [
     "AGENT_MODULE",
     "DEFAULT_NATS_PORT",
+    "CONSOLE",
     "DEFAULT_SERVICES",
     "ExternalNats",
     "LocalAgent",

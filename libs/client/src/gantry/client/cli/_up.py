@@ -13,7 +13,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from gantry.client.cli._common import EXIT_FAILED, DataDirOpt, command_settings, state_of
-from gantry.supervisor.platform import DEFAULT_NATS_PORT, Platform, local_agents
+from gantry.supervisor.platform import (
+    CONSOLE,
+    DEFAULT_NATS_PORT,
+    DEFAULT_SERVICES,
+    Platform,
+    local_agents,
+)
+
+
+#: Where ``gantry up`` serves the web console by default.
+DEFAULT_CONSOLE_PORT = 8040
 
 
 def up(
@@ -45,8 +55,17 @@ def up(
     agent_gpu_model: Annotated[
         str, typer.Option("--agent-gpu-model", help="Model of the declared GPUs.")
     ] = "A100",
+    console_port: Annotated[
+        int,
+        typer.Option(
+            "--console-port", min=0, max=65535, help="Port of the web console (0 = any free)."
+        ),
+    ] = DEFAULT_CONSOLE_PORT,
+    no_console: Annotated[
+        bool, typer.Option("--no-console", help="Do not run the web console.")
+    ] = False,
 ) -> None:
-    """Run NATS, the services (audit, governance, scheduler) and node agents until Ctrl-C.
+    """Run NATS, the services, the web console and node agents until Ctrl-C.
 
     Agents (gantry.testing.agent) register over NATS and run placed workers on this machine.
     """
@@ -55,7 +74,9 @@ def up(
     platform = Platform(
         settings.data_dir,
         nats_port=nats_port,
+        services=DEFAULT_SERVICES if no_console else (*DEFAULT_SERVICES, CONSOLE),
         agents=local_agents(agents, gpus=agent_gpus, gpu_model=agent_gpu_model),
+        service_env={"GANTRY_CONSOLE__HTTP_PORT": str(console_port)},
     )
 
     def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -98,6 +119,9 @@ def _print_where(out: Console, platform: Platform) -> None:
     table.add_row("NATS", platform.nats_url)
     for name in platform.services:
         info = platform.service_info(name)
+        if name == CONSOLE:
+            table.add_row("web console", escape(f"{info['http']}  (log in with a token)"))
+            continue
         table.add_row(f"{name} gRPC", str(info.get("grpc", "")))
         if info.get("http"):
             table.add_row(f"{name} REST", f"{info['http']}/v2")

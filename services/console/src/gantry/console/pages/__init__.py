@@ -1,0 +1,1 @@
+"""The console's sections, one module each, each with a ``router``."""

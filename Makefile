@@ -8,7 +8,7 @@ PACKAGES := libs/core libs/events libs/security libs/protos libs/storage libs/te
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 PROTO_OUT := libs/protos/src
 
-.PHONY: install test lint protos protos-check bench bench-quick demo up clean lock
+.PHONY: install browser test lint protos protos-check bench bench-quick demo up clean lock
 
 install: $(STAMP)
 
@@ -31,7 +31,15 @@ lint: $(STAMP) protos-check
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP)
+# The console's browser tests drive the system Chromium (Debian's package) through Playwright.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Chromium for the console's browser tests (apt-get install chromium)"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { \
+			$$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+
+test: $(STAMP) browser
 	$(VENV)/bin/pytest -q
 
 bench-quick: $(STAMP)

@@ -1,6 +1,6 @@
-"""Fixtures of the whole-platform tests: one embedded platform (NATS, every service, two node
-agents) shared by every test module that asks for it, and the ``churn`` dataset committed on
-it."""
+"""Fixtures of the whole-platform tests: one embedded platform (NATS, every service and the web
+console, two node agents) shared by every test module that asks for it, and the ``churn``
+dataset committed on it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gantry.client.admin import create_token
 from gantry.client.demo_training import POLICY, churn_columns
 from gantry.client.governance import GovernanceClient
 from gantry.client.specs import ColumnSpec
-from gantry.supervisor.platform import Platform, local_agents
+from gantry.supervisor.platform import CONSOLE, DEFAULT_SERVICES, Platform, local_agents
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     running = Platform(
         data,
         nats_port=0,
+        services=(*DEFAULT_SERVICES, CONSOLE),
         agents=local_agents(2, gpus=0),
         service_env={"GANTRY_WORKFLOWS__TICK_S": "0.2", "GANTRY_WORKFLOWS__POLL_S": "0.5"},
         log_sink=logs.append,

@@ -48,6 +48,22 @@ PENDING_FIELDS = frozenset(
 #: The agent's health port by the team's contract, until AgentOptions.health_port exists.
 AGENT_HEALTH_PORT = 9037
 
+#: Service packages with no NATS connection (no NATS user, no streams): the web console, which
+#: calls the services' gRPC APIs with the viewer's token and nothing else.
+WITHOUT_NATS = frozenset({"console"})
+#: Where a service's /readyz is, when not on its metrics port: the agent's health port, and the
+#: console's one HTTP port (its pages, /healthz and /readyz).
+HEALTH_OPTION = {"training_agent": "health_port", "console": "http_port"}
+#: The services the console calls (GANTRY_CONSOLE__<SERVICE>_ADDR), by compose name and port.
+CONSOLE_PEERS = {
+    "audit": 7031,
+    "governance": 7032,
+    "scheduler": 7033,
+    "serving": 7034,
+    "profiler": 7035,
+    "workflows": 7036,
+}
+
 # Calls that do not hold up a start: the audit service starts first, so that it records the
 # platform from its first event, and asks governance only when a data-subject report is
 # requested (one channel per report).
@@ -264,9 +280,14 @@ def port_setting(package: str, env: Mapping[str, str], name: str) -> int | None:
 def health_port(package: str, env: Mapping[str, str]) -> int:
     if package == "training_agent":
         return port_setting(package, env, "health_port") or AGENT_HEALTH_PORT
-    port = port_setting(package, env, "metrics_port")
+    port = port_setting(package, env, HEALTH_OPTION.get(package, "metrics_port"))
     assert port is not None, package
     return port
+
+
+def on_nats(services: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The Gantry services that connect to NATS (all but the console)."""
+    return {n: p for n, p in gantry_services(services).items() if p not in WITHOUT_NATS}
 
 
 # -- Docker Compose itself, where it is installed ------------------------------------------------
@@ -399,6 +420,9 @@ def test_every_service_loads_its_compose_settings(
                 m.setenv(key, value)
             settings: Any = load_settings(settings_class(package))
         assert str(settings.data_dir) == DATA_DIR, name
+        if package in WITHOUT_NATS:
+            assert not any(k.startswith("GANTRY_NATS__") for k in env), f"{name}: no NATS"
+            continue
         assert settings.nats.url == "nats://nats:4222", name
         assert settings.nats.stream_replicas == 1, f"{name}: one NATS server, one replica"
         assert settings.nats.user, f"{name}: every service connects as its own NATS user"
@@ -474,13 +498,14 @@ def test_start_order_follows_who_needs_whom(
     built = gantry_services(services)
     for earlier, later in START_ORDER:
         assert earlier in all_dependencies(services, later), f"{later} starts after {earlier}"
-    for name in built:
+    for name in on_nats(services):
         assert "nats" in depends_on(services[name]), f"{name} needs NATS"
         if name != "audit":
             assert "audit" in all_dependencies(services, name), f"{name} starts after audit"
     agents = [n for n, p in built.items() if p == "training_agent"]
     for agent in agents:
-        for other in set(built) - set(agents):
+        # After every service on the event bus; the console is no one's dependency.
+        for other in set(on_nats(services)) - set(agents):
             assert other in all_dependencies(services, agent), f"{agent} starts after {other}"
     for name in built:
         deps = depends_on(services[name])
@@ -554,6 +579,7 @@ def test_streams_are_created_by_the_admin_before_any_service(
     assert env["GANTRY_NATS__PASSWORD"].startswith(f"${{{admin_password}")
     for service in gantry_services(services):
         assert name in all_dependencies(services, service), f"{service} starts after {name}"
+    for service in on_nats(services):
         same = environment(services[service])["GANTRY_NATS__STREAM_REPLICAS"]
         assert env["GANTRY_NATS__STREAM_REPLICAS"] == same, f"{service}: streams as created"
     with monkeypatch.context() as m:
@@ -585,10 +611,63 @@ def test_two_agents_are_two_distinct_nodes(services: dict[str, dict[str, Any]]) 
 
 
 def test_every_service_shares_the_data_directory(services: dict[str, dict[str, Any]]) -> None:
-    for name in gantry_services(services):
+    for name in on_nats(services):
         volumes = [str(v) for v in services[name].get("volumes") or []]
         assert f"./gantry-data:{DATA_DIR}" in volumes, name
         assert environment(services[name])["GANTRY_DATA_DIR"] == DATA_DIR, name
+
+
+# -- the web console ------------------------------------------------------------------------------
+
+
+def consoles(services: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    found = [n for n, p in gantry_services(services).items() if p == "console"]
+    assert found == ["console"], found
+    return found
+
+
+def test_console_gets_the_token_issuers_public_keys_and_nothing_else_of_the_data(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    # It verifies users' tokens (keys/issuers/*.pub) and signs nothing: not the whole
+    # ./gantry-data (issuer.pem, the services' keys and secrets, the NATS credentials).
+    for name in consoles(services):
+        volumes = [str(v) for v in services[name].get("volumes") or []]
+        assert volumes == [f"./gantry-data/keys/issuers:{DATA_DIR}/keys/issuers:ro"], volumes
+        env = environment(services[name])
+        assert env["GANTRY_DATA_DIR"] == DATA_DIR
+        assert env["GANTRY_TLS__CERT_FILE"] == f"{DATA_DIR}/tls/console.crt"
+        assert env["GANTRY_TLS__KEY_FILE"] == f"{DATA_DIR}/tls/console.key"
+        for key, value in env.items():
+            assert not key.startswith(("GANTRY_NATS__", "GANTRY_STORAGE__")), f"{name}: {key}"
+            assert "DATABASE_URL" not in key and "PASSWORD" not in value, f"{name}: {key}"
+
+
+def test_console_calls_the_six_services_and_waits_for_them(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gantry.core import load_settings
+
+    for name in consoles(services):
+        spec = services[name]
+        assert depends_on(spec) == dict.fromkeys(CONSOLE_PEERS, "service_healthy")
+        for peer, port in CONSOLE_PEERS.items():
+            # The port the peer really serves gRPC on, in this file.
+            assert port_setting(peer, environment(services[peer]), "grpc_port") == port, peer
+        with monkeypatch.context() as m:
+            for key in list(os.environ):
+                if key.startswith("GANTRY_"):
+                    m.delenv(key)
+            for key, value in environment(spec, dummy_env(compose)).items():
+                m.setenv(key, value)
+            settings: Any = load_settings(settings_class("console"))
+        options = settings.console
+        for peer, port in CONSOLE_PEERS.items():
+            assert getattr(options, f"{peer}_addr") == f"{peer}:{port}", peer
+        assert options.http_host == "0.0.0.0", "reachable through the published port"
+        assert options.http_port == 8040
+        assert published(spec) == [("127.0.0.1", 8040, 8040)], "the loopback address only"
+        assert options.public_url == "http://127.0.0.1:8040", "the published address"
 
 
 # -- documentation --------------------------------------------------------------------------------
@@ -672,19 +751,15 @@ def test_each_service_is_its_own_nats_user(services: dict[str, dict[str, Any]]) 
         assert nats_env.get(variable, "").startswith(f"${{{variable}"), (
             f"the nats container needs {variable}"
         )
-    for name in gantry_services(services):
+    for name in on_nats(services):
         env = environment(services[name])
         user = env["GANTRY_NATS__USER"]
         assert user in users, f"{name}: NATS has no user {user!r}"
         assert env["GANTRY_NATS__PASSWORD"].startswith(f"${{{users[user]}"), (
             f"{name}: the password of {user} is ${users[user]}"
         )
-    service_users = {
-        environment(services[n])["GANTRY_NATS__USER"] for n in gantry_services(services)
-    }
-    assert len(service_users) == len(set(gantry_services(services).values())), (
-        "one NATS user per service"
-    )
+    service_users = {environment(services[n])["GANTRY_NATS__USER"] for n in on_nats(services)}
+    assert len(service_users) == len(set(on_nats(services).values())), "one NATS user per service"
 
 
 # -- PostgreSQL and MinIO -----------------------------------------------------------------------

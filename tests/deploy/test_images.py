@@ -23,6 +23,9 @@ BASE_IMAGE = "python:3.11-slim"
 TORCH_INDEX_DEFAULT = "https://download.pytorch.org/whl/cpu"
 #: The agent's health port by the team's contract, until AgentOptions.health_port exists.
 AGENT_HEALTH_PORT = 9037
+#: Where a service's /readyz is, when not on its metrics port: the agent's health port, and the
+#: console's one HTTP port (its pages, /healthz and /readyz; it has no metrics port).
+HEALTH_OPTION = {"training_agent": "health_port", "console": "http_port"}
 
 SERVICES = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "pyproject.toml").is_file())
 
@@ -244,7 +247,7 @@ def test_health_check_polls_readyz_on_the_service_port(service: str) -> None:
     command = exec_form(checks[0].split(" CMD ", 1)[1])
     assert command[:2] == ["python", "-c"], f"{service}: slim images have no curl"
     group = "agent" if service == "training_agent" else service
-    option = "health_port" if service == "training_agent" else "metrics_port"
+    option = HEALTH_OPTION.get(service, "metrics_port")
     variable = f"GANTRY_{group.upper()}__{option.upper()}"
     fields = settings_class(service).model_fields[group].annotation.model_fields
     port = env(runtime).get(variable) or (fields[option].default if option in fields else None)

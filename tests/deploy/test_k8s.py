@@ -46,14 +46,19 @@ SERVICES = {
     "workflows": ("workflows", 7036, 9036),
 }
 AGENT = "training-agent"
-COMPONENTS = (*SERVICES, AGENT)
+COMPONENTS = (*SERVICES, AGENT)  # the processes on NATS, each with its own signing key
+# The web console: one HTTP port (pages, /healthz, /readyz); a gRPC client of the six services
+# only, with no NATS user, database, object store or key of its own.
+CONSOLE = "console"
+CONSOLE_PORT = 8040
+PROCESSES = (*COMPONENTS, CONSOLE)  # every long-running Gantry workload
 STREAMS_JOB = "gantry-nats-streams"  # creates the JetStream streams as the NATS admin user
 NATS_TLS = "gantry-nats-tls"
 # Secrets the manifests use but never contain: created by the operator (docs/deploy-kubernetes.md).
 OPERATOR_SECRETS = {
     "gantry-nats-credentials",
     NATS_TLS,
-    *(f"gantry-{c}-tls" for c in COMPONENTS),
+    *(f"gantry-{c}-tls" for c in PROCESSES),
     "gantry-client-tls",
     "gantry-keys-trusted",
     "gantry-keys-issuers",
@@ -65,13 +70,17 @@ PROD_ONLY_OPERATOR_SECRETS = {"gantry-postgres", "gantry-s3"}
 
 DNS = {("UDP/53", "kube-dns"), ("TCP/53", "kube-dns")}
 NATS_EGRESS = {("TCP/4222", "gantry-nats")}
+#: Ports of what the console must never reach: NATS, PostgreSQL, the object store.
+NOT_FOR_THE_CONSOLE = {"TCP/4222", "TCP/5432", "TCP/9000"}
 
 
 def expected_egress(component: str, overlay: str) -> set[tuple[str, str]]:
     """What each process may reach: DNS, NATS, its database, the object store where it has
     storage settings, the gRPC peers of its *_ADDR settings (and governance the API server).
     In dev the database and object store are pods of the namespace; in prod only the port is
-    fixed (they are outside the cluster)."""
+    fixed (they are outside the cluster). The console: DNS and the six services' gRPC ports."""
+    if component == CONSOLE:
+        return DNS | {(f"TCP/{grpc}", f"gantry-{name}") for name, (_, grpc, _) in SERVICES.items()}
     db = ("TCP/5432", "gantry-postgres" if overlay == "dev" else "*")
     store = ("TCP/9000", "gantry-minio" if overlay == "dev" else "*")
     governance = ("TCP/7032", "gantry-governance")
@@ -120,6 +129,7 @@ def workloads(overlay: str) -> list[dict[str, Any]]:
 
 
 def workload(overlay: str, component: str) -> dict[str, Any]:
+    """The DaemonSet of the agents, else the Deployment gantry-<component>."""
     kind = "DaemonSet" if component == AGENT else "Deployment"
     return get(overlay, kind, f"gantry-{component}")
 
@@ -183,7 +193,7 @@ def test_images_are_the_services_own_with_pinned_tags_in_prod(overlay: str) -> N
             name, suffix = split_image(container["image"])
             assert suffix, f"{container['image']} has no tag"
             component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
-            if component in COMPONENTS or obj["metadata"]["name"] == STREAMS_JOB:
+            if component in PROCESSES or obj["metadata"]["name"] == STREAMS_JOB:
                 expected = "audit" if obj["metadata"]["name"] == STREAMS_JOB else component
                 assert name == f"gantry/{expected}"
                 assert suffix == (":0.1.0" if overlay == "prod" else ":dev")
@@ -471,7 +481,7 @@ def _resolves(model: type, path: list[str]) -> bool:
 
 
 def test_every_gantry_variable_is_a_setting_of_its_service(overlay: str) -> None:
-    for component in COMPONENTS:
+    for component in PROCESSES:
         package = component.replace("-", "_")
         settings = _settings_class(package)
         for container in pod(workload(overlay, component))["containers"]:
@@ -714,6 +724,8 @@ def _peer(peer: dict[str, Any] | None) -> str:
         return "kube-dns"
     if namespaces == {"matchLabels": {"gantry.io/monitoring": "true"}} and not pods:
         return "monitoring"
+    if namespaces == {"matchLabels": {"gantry.io/ingress": "true"}} and not pods:
+        return "ingress"
     assert namespaces is None, f"unexpected namespace selector {namespaces}"
     if not pods:
         return "namespace"
@@ -751,7 +763,7 @@ def test_everything_is_denied_unless_a_policy_allows_it(overlay: str) -> None:
 
 
 def test_each_process_may_reach_exactly_what_it_uses(overlay: str) -> None:
-    for component in COMPONENTS:
+    for component in PROCESSES:
         got = allowed(overlay, _labels(overlay, component), "Egress")
         assert got == expected_egress(component, overlay), component
     agent = allowed(overlay, _labels(overlay, AGENT), "Egress")
@@ -782,7 +794,7 @@ def test_grpc_peers_in_settings_are_services_with_that_port(overlay: str) -> Non
         o["metadata"]["name"]: {p["port"] for p in o["spec"]["ports"]}
         for o in objects(overlay, "Service")
     }
-    for component in COMPONENTS:
+    for component in PROCESSES:
         (container,) = pod(workload(overlay, component))["containers"]
         for name, e in env_of(container).items():
             if name.endswith("_ADDR") and "value" in e:
@@ -853,3 +865,145 @@ def test_dev_credentials_are_only_in_dev() -> None:
         "gantry-minio",
     }
     assert {o["metadata"]["name"] for o in objects("prod", "StatefulSet")} == {"gantry-nats"}
+
+
+# -- the web console ------------------------------------------------------------------------
+
+
+def _console(overlay: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The console's pod spec and its one container."""
+    spec = pod(workload(overlay, CONSOLE))
+    (container,) = spec["containers"]
+    return spec, container
+
+
+def test_console_serves_pages_and_probes_on_one_port(overlay: str) -> None:
+    spec, container = _console(overlay)
+    env = env_of(container)
+    assert env["GANTRY_CONSOLE__HTTP_PORT"]["value"] == str(CONSOLE_PORT)
+    assert env["GANTRY_CONSOLE__HTTP_HOST"]["value"] == "0.0.0.0"  # reachable through the Service
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": CONSOLE_PORT}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    service = get(overlay, "Service", f"gantry-{CONSOLE}")
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        (CONSOLE_PORT, "http")
+    ]
+    assert _selects({"matchLabels": service["spec"]["selector"]}, _labels(overlay, CONSOLE))
+    assert not spec.get("initContainers"), "nothing to install: it holds no private key"
+
+
+def test_console_calls_the_six_services_over_mutual_tls(overlay: str) -> None:
+    spec, container = _console(overlay)
+    env = env_of(container)
+    addresses = {
+        name.removeprefix("GANTRY_CONSOLE__").removesuffix("_ADDR").lower(): e["value"]
+        for name, e in env.items()
+        if name.endswith("_ADDR")
+    }
+    assert addresses == {
+        name: f"gantry-{name}:{grpc}" for name, (_, grpc, _) in SERVICES.items()
+    }, "GANTRY_CONSOLE__<SERVICE>_ADDR of each of the six services, and no other"
+    # The services require client certificates (GANTRY_TLS__CLIENT_AUTH): the console presents
+    # its own, from its own Secret, like every other process.
+    assert env["GANTRY_TLS__ENABLED"]["value"] == "true"
+    for service in SERVICES:
+        (other,) = pod(workload(overlay, service))["containers"]
+        assert env_of(other)["GANTRY_TLS__CLIENT_AUTH"]["value"] == "true", service
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    for key, file in (("CA", "ca.crt"), ("CERT", "tls.crt"), ("KEY", "tls.key")):
+        path = Path(env[f"GANTRY_TLS__{key}_FILE"]["value"])
+        volume = volumes[mounts[str(path.parent)]]
+        assert volume["secret"]["secretName"] == f"gantry-{CONSOLE}-tls", key
+        assert path.name == file, key
+
+
+def test_console_holds_no_private_key_nor_platform_credentials(overlay: str) -> None:
+    spec, container = _console(overlay)
+    secrets, maps = _referenced(spec)
+    # The token issuers' public keys (to verify a login) and its TLS client certificate: no
+    # signing key, no service secret, no NATS password, database or object store credentials.
+    assert {name for name, _ in secrets} == {"gantry-keys-issuers", f"gantry-{CONSOLE}-tls"}
+    assert maps == {("gantry-platform", "console-public-url")}
+    for name in env_of(container):
+        assert not name.startswith(("GANTRY_NATS__", "GANTRY_STORAGE__")), name
+        assert "DATABASE_URL" not in name and name != "PGPASSWORD", name
+    # The issuers' Secret is mounted where the console's keyring reads it.
+    settings = _settings_class(CONSOLE)(
+        data_dir=Path(env_of(container)["GANTRY_DATA_DIR"]["value"])
+    )
+    issuers = {m["mountPath"]: m for m in container["volumeMounts"]}[
+        str(settings.keys_dir / "issuers")
+    ]
+    volume = {v["name"]: v for v in spec["volumes"]}[issuers["name"]]
+    assert volume["secret"]["secretName"] == "gantry-keys-issuers"
+    assert issuers["readOnly"] is True
+    assert (
+        get(overlay, "ServiceAccount", f"gantry-{CONSOLE}")["automountServiceAccountToken"] is False
+    )
+
+
+def test_console_loads_the_issuers_keys_from_the_mounted_secret(tmp_path: Path) -> None:
+    """Lay the issuers' Secret out as the kubelet does (files behind a hidden ..data
+    directory, mode 0440) at the console's mount path, and load it as the console does."""
+    from gantry.security.bootstrap import init_data_dir
+    from gantry.security.keyring import Keyring
+
+    made = init_data_dir(tmp_path / "made-by-admin-init")
+    issuers = Keyring(made.keys_dir).issuers_dir
+    spec, container = _console("prod")
+    data_dir = env_of(container)["GANTRY_DATA_DIR"]["value"]
+    root = tmp_path / "pod"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in container["volumeMounts"]:
+        if volumes[mount["name"]].get("secret", {}).get("secretName") == "gantry-keys-issuers":
+            files = {p.name: p.read_bytes() for p in issuers.iterdir()}
+            _kubelet_volume(root / mount["mountPath"].lstrip("/"), files)
+    settings = _settings_class(CONSOLE)(data_dir=root / data_dir.lstrip("/"))
+    trust = Keyring(settings.keys_dir).token_trust()
+    assert made.issuer_kid in trust  # users' tokens verify
+
+
+def test_console_can_reach_only_the_six_services(overlay: str) -> None:
+    egress = allowed(overlay, _labels(overlay, CONSOLE), "Egress")
+    assert egress == expected_egress(CONSOLE, overlay)
+    assert not {port for port, _ in egress} & NOT_FOR_THE_CONSOLE, "no NATS, database, store"
+    assert {peer for _, peer in egress} - {"kube-dns"} == {f"gantry-{s}" for s in SERVICES}
+    # ... and each of them takes the console's calls on its gRPC port.
+    for component, (_, grpc, _) in SERVICES.items():
+        assert (f"TCP/{grpc}", "namespace") in allowed(
+            overlay, _labels(overlay, component), "Ingress"
+        ), component
+    # NATS, and in dev PostgreSQL and MinIO, do not take its connections either.
+    for kind, name in (
+        ("StatefulSet", "gantry-nats"),
+        *(
+            (("StatefulSet", "gantry-postgres"), ("StatefulSet", "gantry-minio"))
+            if overlay == "dev"
+            else ()
+        ),
+    ):
+        labels = get(overlay, kind, name)["spec"]["template"]["metadata"]["labels"]
+        peers = {p for _, peer in allowed(overlay, labels, "Ingress") for p in peer.split("|")}
+        assert f"gantry-{CONSOLE}" not in peers and "namespace" not in peers, name
+
+
+def test_console_takes_its_port_from_the_namespace_and_the_ingress_controller(
+    overlay: str,
+) -> None:
+    assert allowed(overlay, _labels(overlay, CONSOLE), "Ingress") == {
+        (f"TCP/{CONSOLE_PORT}", "namespace"),
+        (f"TCP/{CONSOLE_PORT}", "ingress"),  # namespaces labelled gantry.io/ingress=true
+    }
+    docs = DOCS.read_text()
+    assert "gantry.io/ingress=true" in docs and "port-forward svc/gantry-console" in docs
+
+
+def test_console_public_url_is_https_in_prod() -> None:
+    # An https:// public URL marks the login cookie Secure; dev is reached by port-forward.
+    urls = {
+        o: get(o, "ConfigMap", "gantry-platform")["data"]["console-public-url"] for o in OVERLAYS
+    }
+    assert urls["prod"].startswith("https://"), urls
+    assert urls["dev"] == f"http://127.0.0.1:{CONSOLE_PORT}", urls

@@ -29,7 +29,7 @@ def test_writes_a_ca_and_a_certificate_per_service(
     assert cli.main(["admin", "certs", "--out", str(out), "--host", "gantry.example"]) == 0
     printed = capsys.readouterr().out
     assert "created the CA" in printed and "training-agent.crt" in printed
-    assert len(CERTIFICATE_NAMES) == 9 and "client" in CERTIFICATE_NAMES
+    assert len(CERTIFICATE_NAMES) == 10 and {"client", "console"} <= set(CERTIFICATE_NAMES)
     for name in CERTIFICATE_NAMES:
         assert sans(out / f"{name}.crt") == [name, "localhost", "gantry.example", "127.0.0.1"]
         assert stat.S_IMODE((out / f"{name}.key").stat().st_mode) == 0o600

@@ -47,7 +47,7 @@ SERVICE_ROLE = "service"
 RESERVED_ACCOUNTS = SERVICE_SUBJECTS
 _ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 #: Who gets a TLS certificate by default: the services, the node agent, NATS and the CLI.
-CERTIFICATE_NAMES = (*SERVICE_USERS, "nats", "client")
+CERTIFICATE_NAMES = (*SERVICE_USERS, "console", "nats", "client")
 #: Names every certificate answers to besides its own: the same machine.
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
 

@@ -139,6 +139,19 @@ class AuditClient(ComplianceCalls, TokenCalls):
             self._call("GetCheckpoint", pb.GetCheckpointRequest(tree_size=tree_size))
         )
 
+    def inclusion_proof(
+        self, *, index: int | None = None, event_id: str | None = None
+    ) -> pb.InclusionProofResponse:
+        """The server's inclusion proof of one leaf (by index or event id), as sent: NOT checked
+        (:meth:`prove_inclusion` checks it; a caller showing the audit path checks it itself)."""
+        req = (
+            pb.InclusionProofRequest(index=index)
+            if index is not None
+            else pb.InclusionProofRequest(event_id=event_id or "")
+        )
+        resp: pb.InclusionProofResponse = self._call("GetInclusionProof", req)
+        return resp
+
     def prove_inclusion(
         self, trust: TrustStore, *, index: int | None = None, event_id: str | None = None
     ) -> tuple[int, bytes, TreeHead]:
@@ -147,12 +160,7 @@ class AuditClient(ComplianceCalls, TokenCalls):
         Returns (index, event bytes, tree head); raises :class:`IntegrityError` if the proof,
         the event bytes or the head's signature do not check out — no trust in the server.
         """
-        req = (
-            pb.InclusionProofRequest(index=index)
-            if index is not None
-            else pb.InclusionProofRequest(event_id=event_id or "")
-        )
-        resp = self._call("GetInclusionProof", req)
+        resp = self.inclusion_proof(index=index, event_id=event_id)
         head = head_from_pb(resp.tree_head)
         if index is not None and resp.index != index:
             raise IntegrityError(f"asked for index {index}, the server proved {resp.index}")

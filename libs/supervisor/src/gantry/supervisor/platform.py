@@ -703,8 +703,11 @@ def _answers(url: str) -> bool:
     import urllib.error
     import urllib.request
 
+    if not url.startswith(("http://", "https://")):
+        return False
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/readyz", timeout=1.0) as reply:
+        probe = url.rstrip("/") + "/readyz"
+        with urllib.request.urlopen(probe, timeout=1.0) as reply:  # noqa: S310 - http(s) only
             return int(reply.status) == 200
     except (OSError, urllib.error.URLError, ValueError):
         return False
@@ -754,8 +757,8 @@ def _tail_text(child: _Child) -> str:
 
 __all__ = [
     "AGENT_MODULE",
-    "DEFAULT_NATS_PORT",
     "CONSOLE",
+    "DEFAULT_NATS_PORT",
     "DEFAULT_SERVICES",
     "ExternalNats",
     "LocalAgent",

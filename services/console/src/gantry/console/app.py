@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import uvicorn
@@ -79,12 +80,16 @@ class ConsoleService:
         if task.done():
             task.result()
         url = o.public_url or f"http://{o.http_host}:{self.port}"
-        write_run_file(self.settings.data_dir, SERVICE_NAME, extra={"http": url})
+        try:
+            write_run_file(self.settings.data_dir, SERVICE_NAME, extra={"http": url})
+        except OSError as exc:  # a read-only data dir (a container): the console still serves
+            _log.warning("cannot write the run file", error=str(exc), url=url)
         _log.info("console ready", url=url)
         await self._stopping.wait()
         server.should_exit = True
         await task
-        run_file(self.settings.data_dir, SERVICE_NAME).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            run_file(self.settings.data_dir, SERVICE_NAME).unlink(missing_ok=True)
         _log.info("console stopped")
 
 

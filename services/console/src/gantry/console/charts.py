@@ -75,6 +75,16 @@ def _num(value: float) -> str:
     return f"{value:.2g}"
 
 
+def _tick(value: float, ticks: Sequence[float]) -> str:
+    """A tick label with as many decimals as the step between ticks needs (0.826, 0.828...
+    stay distinct), compact (k, M) for large values."""
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 0.0
+    if step <= 0 or abs(value) >= 1e3 or step >= 1:
+        return _num(value)
+    digits = max(0, -math.floor(math.log10(step)))
+    return f"{value:.{digits}f}"
+
+
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """About ``count`` round tick values covering [lo, hi]."""
     if hi <= lo:
@@ -127,7 +137,7 @@ def line_chart(
     pts = [p for s in series for p in s.points if math.isfinite(p[0]) and math.isfinite(p[1])]
     if not pts:
         return empty(f"{title}: no data yet" if title else "no data yet", width=width)
-    left, right, top, bottom = 56, 16, 28 if title else 12, 40
+    left, right, top, bottom = 56, 16, 28 if title or len(series) > 1 else 12, 40
     xs = [p[0] for p in pts]
     ys = [p[1] for p in pts]
     x0, x1 = min(xs), max(xs)
@@ -158,15 +168,19 @@ def line_chart(
                 f'<rect x="{xa:.1f}" y="{top}" width="{xb - xa:.1f}" height="{ph}" '
                 f'fill="{escape(colour)}" opacity="0.25"/>'
             )
-    for t in _ticks(y0, y1):
+    y_ticks = _ticks(y0, y1)
+    for t in y_ticks:
         y = sy(t)
         parts.append(
             f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eceff4"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(t)}</text>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick(t, y_ticks)}</text>'
         )
-    for t in _ticks(x0, x1, 6):
+    x_ticks = _ticks(x0, x1, 6)
+    for t in x_ticks:
         x = sx(t)
-        parts.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{_num(t)}</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{_tick(t, x_ticks)}</text>'
+        )
     parts.append(
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#c9ced8"/>'
     )
@@ -183,13 +197,13 @@ def line_chart(
         if len(good) == 1:
             x, y = good[0]
             parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>')
-    if len(series) > 1:
-        lx = left + 8
+    if len(series) > 1:  # the legend goes above the plot, right of the title
+        lx = left + (8 * len(title) + 24 if title else 0)
         for i, s in enumerate(series):
             colour = s.colour or PALETTE[i % len(PALETTE)]
             parts.append(
-                f'<rect x="{lx}" y="{top + 6}" width="10" height="10" fill="{colour}"/>'
-                f'<text x="{lx + 14}" y="{top + 15}">{escape(s.name)}</text>'
+                f'<rect x="{lx}" y="{top - 16}" width="10" height="10" fill="{colour}"/>'
+                f'<text x="{lx + 14}" y="{top - 7}">{escape(s.name)}</text>'
             )
             lx += 24 + 7 * len(s.name)
     if x_label:

@@ -152,7 +152,9 @@ def status_of(error: GantryError) -> int:
         return 400
     if isinstance(error, Unavailable):
         return 503
-    return 500
+    # a service's refusal or not-found arrives as the client's RemotePermissionDenied or
+    # RemoteNotFound: known by its gRPC code, not its class
+    return {"PERMISSION_DENIED": 403, "NOT_FOUND": 404}.get(error.grpc_code, 500)
 
 
 def error_page(request: Request, viewer: Viewer | None, error: GantryError) -> HTMLResponse:

@@ -35,7 +35,7 @@ from gantry.core.logging import get_logger
 _log = get_logger(__name__)
 
 #: The page modules (``gantry.console.pages.<name>``), each with a ``router``.
-PAGES = ("cluster", "jobs", "data", "models", "workflows", "audit")
+PAGES = ("cluster", "jobs", "data", "models", "workflows", "audit", "audit_compliance")
 
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "

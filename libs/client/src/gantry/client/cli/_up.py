@@ -21,7 +21,6 @@ from gantry.supervisor.platform import (
     local_agents,
 )
 
-
 #: Where ``gantry up`` serves the web console by default.
 DEFAULT_CONSOLE_PORT = 8040
 

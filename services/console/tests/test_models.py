@@ -331,3 +331,22 @@ def test_group_models_sorts_names_and_versions() -> None:
     rows = group_models([_model(1), replace(_model(1), name="a"), _model(3)])
     assert [r.name for r in rows] == ["a", "churn-classifier"]
     assert [v.version for v in rows[1].versions] == [3, 1] and rows[1].latest.version == 3
+
+
+def test_a_fresh_deployment_without_any_canary_history_renders(console: Console) -> None:
+    """A deployment whose history holds no canary check (just deployed) has no weight chart:
+    the page must still render (found by the browser test)."""
+    import dataclasses
+
+    client, apis, login = console
+    fresh = dataclasses.replace(
+        _deployment(),
+        canary=CanaryInfo("", 0, 0, 0, 0, "", 0, 0),
+        history=(HistoryItem(1000, "deployed", "churn-classifier v1 deployed", "dev"),),
+    )
+    _use(apis, fresh)
+    login("dev", "ml-developer")
+    page = client.get("/models/deployments/churn-classifier")
+    assert page.status_code == 200, page.text[-2000:]
+    assert 'data-testid="traffic"' in page.text
+    assert 'data-testid="canary-weight-chart"' not in page.text

@@ -192,3 +192,14 @@ def test_a_refused_action_is_a_403_page_not_a_traceback(
         headers={"origin": ORIGIN},
     )
     assert reply.status_code == 403  # the service refused it (here: the stand-in)
+
+
+def test_the_cluster_page_is_refused_to_a_role_that_may_not_see_nodes(
+    console: tuple[TestClient, FakeApis, object],
+) -> None:
+    client, apis, login = console
+    apis.factories["scheduler"] = lambda viewer: Closing(_Sched())
+    login("ida", "auditor")
+    reply = client.get("/cluster")
+    assert reply.status_code == 403 and "Refused" in reply.text
+    assert apis.calls == []

@@ -87,6 +87,8 @@ def utilisation_map(rows: list[NodeRow]) -> Markup:
 @router.get("/cluster", response_class=HTMLResponse)
 def cluster(request: Request, viewer: ViewerDep, apis: ApisDep) -> HTMLResponse:
     """The cluster page."""
+    if not (viewer.may("list", "node") or viewer.may("list", "queue")):
+        viewer.require("list", "node")  # refused before any service is asked
     nodes: list[NodeInfo] = []
     queues: list[QueueInfo] = []
     health: dict[str, NodeHealth] = {}

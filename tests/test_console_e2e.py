@@ -274,3 +274,78 @@ def test_a_preview_shows_only_the_view_the_role_may_read(
             assert tab.status(f"/data/churn/preview?version={story['version']}&view=raw") == 403
         tab.shot(f"preview-{view}")
         assert tab.errors == [], tab.errors
+
+
+SEARCH = textwrap.dedent(
+    """
+    apiVersion: gantry/v1
+    kind: Experiment
+    metadata: {{name: console-e2e-search}}
+    spec:
+      objective: {{metric: accuracy, goal: maximize}}
+      method: random
+      seed: 3
+      budget: {{trials: 2}}
+      parallelism: 2
+      space:
+        lr: {{logUniform: [0.001, 0.1]}}
+      trial:
+        resources: {{cpus: 0.5, memory: 1Gi}}
+        entrypoint:
+          task: gantry.training.examples.tabular:task
+          args: ["lr=${{trial.lr}}", "epochs=1"]
+        data: [{{dataset: churn, version: "{version}"}}]
+    """
+)
+SESSION = textwrap.dedent(
+    """
+    apiVersion: gantry/v1
+    kind: DevSession
+    metadata: {name: console-scratch}
+    spec:
+      interface: shell
+      resources: {cpus: 0.25, memory: 512Mi}
+      idleTimeout: 10m
+      lifetime: 30m
+    """
+)
+
+
+def test_workflows_show_the_run_graph_the_search_and_a_session_to_stop(
+    platform: Platform, browser: Browser, story: dict[str, str]
+) -> None:
+    token = _token(platform, OWNER, ["ml-developer", "data-steward"])
+    with WorkflowsClient(platform.address("workflows"), token) as wf:
+        wf.submit_experiment(SEARCH.format(version=story["version"]))
+        wf.start_session(SESSION)
+        with console_tab(browser, platform.console_url, "ml-developer", token) as tab:
+            # the pipeline's run drawn as a graph, every step done
+            tab.open(f"/workflows/runs/{story['run']}")
+            graph = tab.page.get_by_test_id("run-graph")
+            for step in ("preprocess", "train", "evaluate", "deploy"):
+                node = graph.locator(f'[data-node="{step}"]')
+                expect(node).to_have_attribute("data-state", "succeeded")
+            tab.shot("workflow-run")
+            tab.open("/workflows/pipelines/console-e2e")
+            expect(tab.page.get_by_test_id("pipeline-graph")).to_be_visible()
+            # the search: the objective over its trials
+            done = wf.wait_experiment("console-e2e-search", timeout_s=240, poll_s=0.5)
+            assert done.state == "succeeded", (done.state, done.reason)
+            tab.open("/workflows/experiments/console-e2e-search")
+            expect(tab.page.get_by_test_id("objective-chart").locator("svg")).to_be_visible()
+            expect(tab.page.get_by_test_id("trials").locator("tr[data-trial]")).to_have_count(2)
+            expect(tab.page.locator('tr[data-best="true"]')).to_have_count(1)
+            tab.shot("experiment")
+            # the session with its idle timer, stopped from the console
+            wf.wait_session("console-scratch", timeout_s=120, poll_s=0.5)
+            tab.open("/workflows?tab=sessions")
+            expect(tab.page.locator('tr[data-session="console-scratch"]')).to_be_visible()
+            tab.open("/workflows/sessions/console-scratch")
+            expect(tab.page.get_by_test_id("idle-timeout")).to_contain_text("10m")
+            tab.shot("session")
+            with tab.page.expect_navigation():
+                tab.page.get_by_test_id("session-stop").locator("button").click()
+            expect(tab.page.get_by_test_id("session-state")).not_to_have_text("running")
+            assert tab.errors == [], tab.errors
+        stopped = wf.wait_session("console-scratch", states=("stopped",), timeout_s=60)
+        assert stopped.state == "stopped"

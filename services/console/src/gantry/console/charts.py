@@ -85,11 +85,14 @@ def _tick(value: float, ticks: Sequence[float]) -> str:
     return f"{value:.{digits}f}"
 
 
-def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering [lo, hi]."""
+def _ticks(lo: float, hi: float, count: int = 5, *, whole: bool = False) -> list[float]:
+    """About ``count`` round tick values covering [lo, hi] (whole numbers only, with
+    ``whole``: trials, steps, epochs)."""
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / max(1, count)
+    if whole:
+        raw = max(raw, 1.0)
     step = 10 ** math.floor(math.log10(raw))
     for m in (1, 2, 5, 10):
         if raw <= m * step:
@@ -143,10 +146,11 @@ def line_chart(
     x0, x1 = min(xs), max(xs)
     y0 = min(ys) if y_min is None else y_min
     y1 = max(ys) if y_max is None else y_max
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y1 = y0 + (abs(y0) or 1)
+    if x1 == x0:  # one x: centre it
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:  # one value: centre it
+        pad = abs(y0) * 0.1 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
     pw, ph = width - left - right, height - top - bottom
 
     def sx(x: float) -> float:
@@ -175,7 +179,7 @@ def line_chart(
             f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eceff4"/>'
             f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick(t, y_ticks)}</text>'
         )
-    x_ticks = _ticks(x0, x1, 6)
+    x_ticks = _ticks(x0, x1, 6, whole=all(float(x).is_integer() for x in xs))
     for t in x_ticks:
         x = sx(t)
         parts.append(
@@ -194,9 +198,11 @@ def line_chart(
             f'<polyline fill="none" stroke="{colour}" stroke-width="1.8" points="{path}">'
             f"<title>{escape(s.name)}</title></polyline>"
         )
-        if len(good) == 1:
-            x, y = good[0]
-            parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>')
+        if len(good) <= 40:  # few points: mark each one
+            parts.extend(
+                f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.6" fill="{colour}"/>'
+                for x, y in good
+            )
     if len(series) > 1:  # the legend goes above the plot, right of the title
         lx = left + (8 * len(title) + 24 if title else 0)
         for i, s in enumerate(series):

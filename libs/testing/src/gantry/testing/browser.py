@@ -85,7 +85,8 @@ class ConsoleTab:
             # missing asset (404) or a server error is
             if any(f"status of {code}" in text for code in (400, 401, 403, 409)):
                 return
-            self.errors.append(f"console error: {text}")
+            where = message.location.get("url", "") if message.location else ""
+            self.errors.append(f"console error on {self.page.url}: {text} ({where})")
 
     def _failed(self, request: Request) -> None:
         failure = request.failure or ""

@@ -427,6 +427,7 @@ def test_gantry_up_runs_until_ctrl_c(tmp_path: Path) -> None:
     import signal
     import subprocess
     import sys
+    import urllib.request
 
     data = tmp_path / "data"
     proc = subprocess.Popen(
@@ -448,6 +449,10 @@ def test_gantry_up_runs_until_ctrl_c(tmp_path: Path) -> None:
         text = "".join(seen)
         assert "Press Ctrl-C to stop." in text, text
         assert "audit gRPC" in text and "nats://127.0.0.1:" in text and ":4222" not in text
+        console = json.loads((data / "run" / "console.json").read_text())["http"]
+        assert "web console" in text and console in text
+        with urllib.request.urlopen(f"{console}/login", timeout=5) as page:  # it answers
+            assert "Log in to Gantry" in page.read().decode()
         pids = json.loads((data / "run" / "audit.json").read_text())["pid"]
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         rest = proc.stdout.read().decode()
@@ -479,3 +484,39 @@ def test_tree_heads_are_checked_against_the_audit_key_only(tmp_path: Path) -> No
     account_key = admin.keyring(tmp_path).service_key("feature-store")
     with pytest.raises(IntegrityError, match="invalid signature"):
         head.signed(account_key).check_signature(trust)
+
+
+def test_gantry_up_gives_the_console_a_free_port_when_its_own_is_taken(tmp_path: Path) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data = tmp_path / "data"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gantry.client.cli", "up", "--data-dir", str(data),
+             "--nats-port", "0", "--agents", "0", "--console-port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        assert proc.stdout is not None
+        with proc.stdout:
+            seen = []
+            deadline = time.monotonic() + 30
+            for raw in proc.stdout:
+                seen.append(raw.decode())
+                if "Press Ctrl-C to stop." in seen[-1] or time.monotonic() > deadline:
+                    break
+            text = "".join(seen)
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.stdout.read()
+        assert proc.wait(30) == 0
+    assert f"port {port} is taken: the web console takes a free port" in text, text
+    assert "web console" in text and f":{port} " not in text

@@ -328,7 +328,7 @@ def test_submit_wait_exits_1_when_the_search_fails_or_takes_too_long(
     assert r.code == 1
     assert len(json.loads(r.out)["trials"]) == 4  # stdout: the experiment as last seen
     assert "experiment churn-hpo is still running after 0.2s; it goes on: follow it" in r.err
-    assert fake.service.polls >= 3
+    assert fake.service.polls >= 2  # polled again before giving up (how often depends on load)
 
 
 # ---------------------------------------------------------------------- list, get, cancel

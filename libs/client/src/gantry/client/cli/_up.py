@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import Annotated
@@ -70,6 +71,9 @@ def up(
     """
     settings = command_settings(ctx, data_dir)
     state = state_of(ctx)
+    if not no_console and console_port and not _free(console_port):
+        state.err.print(f"port {console_port} is taken: the web console takes a free port")
+        console_port = 0
     platform = Platform(
         settings.data_dir,
         nats_port=nats_port,
@@ -107,6 +111,16 @@ def up(
     if code:
         raise typer.Exit(code)
     state.err.print("Gantry stopped.")
+
+
+def _free(port: int) -> bool:
+    """Whether ``port`` on 127.0.0.1 can be listened on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _print_where(out: Console, platform: Platform) -> None:

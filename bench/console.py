@@ -44,20 +44,9 @@ from gantry.client.serving import ServingClient
 from gantry.client.workflows import WorkflowsClient
 from gantry.core.runfile import grpc_address, run_info
 from gantry.testing.browser import chromium, console_tab
+from gantry.testing.specs import small_training_job
 
 REPEATS = 5
-QUICK_JOB = """\
-apiVersion: gantry/v1
-kind: TrainingJob
-metadata: {name: bench-console}
-spec:
-  replicas: 1
-  resources: {gpus: 0, cpus: 0.5, memory: 1Gi}
-  entrypoint:
-    task: gantry.training.examples.sequences:task
-    args: [max_steps=40]
-  maxRuntime: 5m
-"""
 
 
 @contextlib.contextmanager
@@ -116,7 +105,7 @@ def quick_platform(data_dir: Path) -> Iterator[None]:
             gov.set_view_policy("churn", POLICY)
         dev = create_token(data_dir, "dev", ["ml-developer"], dt.timedelta(hours=1))
         with SchedulerClient(platform.address("scheduler"), dev) as sched:
-            job = sched.submit(QUICK_JOB).job
+            job = sched.submit(small_training_job("bench-console")).job
             deadline = time.monotonic() + 120
             while sched.get(job.id).state not in ("succeeded", "failed", "cancelled"):
                 if time.monotonic() > deadline:

@@ -2,7 +2,7 @@
 the whole embedded platform (the ``platform`` and ``version`` fixtures of ``tests/conftest.py``,
 which run the console too).
 
-A pipeline (preprocess → train → evaluate → canary deploy) gives every section something real
+A pipeline (preprocess → train → evaluate → gated canary deploy) gives every section something real
 to show. Then each role logs in and sees exactly the sections it may, and is refused what it may
 not; an ML engineer submits a job from the YAML editor (an invalid spec first) and watches it
 run; a dataset's lineage leads from its version to the job and the model; an auditor searches
@@ -24,44 +24,9 @@ from gantry.client.admin import create_token
 from gantry.client.workflows import WorkflowsClient
 from gantry.supervisor.platform import Platform
 from gantry.testing.browser import ConsoleTab, chromium, console_tab
+from gantry.testing.specs import churn_pipeline, small_training_job
 
 OWNER = "mira-ml"
-PIPELINE = textwrap.dedent(
-    """
-    apiVersion: gantry/v1
-    kind: Pipeline
-    metadata: {{name: console-e2e}}
-    spec:
-      steps:
-        - name: preprocess
-          data:
-            commit: churn-features
-            resources: {{cpus: 0.5, memory: 1Gi}}
-            entrypoint: {{transform: "gantry.training.examples.tabular:features"}}
-            data: [{{dataset: churn, version: "{version}"}}]
-        - name: train
-          train:
-            replicas: 2
-            resources: {{cpus: 0.5, memory: 1Gi}}
-            entrypoint:
-              task: gantry.training.examples.tabular:task
-              args: ["epochs=2", "dataset=churn-features"]
-            data: [{{dataset: churn-features, version: "${{steps.preprocess.outputs.version}}"}}]
-        - name: evaluate
-          evaluate:
-            model: ${{steps.train.outputs.model}}
-            resources: {{cpus: 0.5, memory: 1Gi}}
-            entrypoint:
-              task: gantry.training.examples.tabular:task
-              args: ["dataset=churn-features"]
-            data: [{{dataset: churn-features, version: "${{steps.preprocess.outputs.version}}"}}]
-        - name: deploy
-          deploy:
-            deployment: console-e2e
-            model: ${{steps.evaluate.outputs.model}}
-            canary: {{percent: 20}}
-    """
-)
 
 #: The sections each role's navigation shows.
 SECTIONS = {
@@ -88,7 +53,7 @@ def story(platform: Platform, version: str) -> dict[str, str]:
     """Run the pipeline; what it made (run id, job ids, model, deployment)."""
     owner = _token(platform, OWNER, ["ml-developer", "data-steward"])
     with WorkflowsClient(platform.address("workflows"), owner) as wf:
-        wf.submit(PIPELINE.format(version=version))
+        wf.submit(churn_pipeline("console-e2e", version))
         done = wf.wait(wf.start("console-e2e").run.id, timeout_s=300, poll_s=0.5)
     assert done.state == "succeeded", (done.state, done.reason)
     pre, train = done.step("preprocess"), done.step("train")
@@ -142,21 +107,7 @@ def test_a_bad_token_is_refused_at_the_login_form(platform: Platform, browser: B
         context.close()
 
 
-SMALL_JOB = textwrap.dedent(
-    """\
-    apiVersion: gantry/v1
-    kind: TrainingJob
-    metadata:
-      name: console-e2e-job
-    spec:
-      replicas: 1
-      resources: {gpus: 0, cpus: 0.5, memory: 1Gi}
-      entrypoint:
-        task: gantry.training.examples.sequences:task
-        args: [max_steps=40]
-      maxRuntime: 5m
-    """
-)
+SMALL_JOB = small_training_job("console-e2e-job")
 
 
 def test_a_job_submitted_from_the_editor_runs_to_the_end(

@@ -6,7 +6,6 @@ service is killed mid-run and restarted; and a cron pipeline on the real clock."
 from __future__ import annotations
 
 import datetime as dt
-import textwrap
 import time
 
 import yaml
@@ -16,49 +15,9 @@ from gantry.client.scheduler import SchedulerClient
 from gantry.client.serving import ServingClient
 from gantry.client.workflows import RunInfo, WorkflowsClient
 from gantry.supervisor.platform import Platform
+from gantry.testing.specs import churn_pipeline
 
 OWNER = "mia-mlops"
-PIPELINE = textwrap.dedent(
-    """
-    apiVersion: gantry/v1
-    kind: Pipeline
-    metadata: {{name: churn-e2e}}
-    spec:
-      params:
-        min_accuracy: 0.5
-      steps:
-        - name: preprocess
-          data:
-            commit: churn-features
-            resources: {{cpus: 0.5, memory: 1Gi}}
-            entrypoint: {{transform: "gantry.training.examples.tabular:features"}}
-            data: [{{dataset: churn, version: "{version}"}}]
-        - name: train
-          train:
-            replicas: 2
-            resources: {{cpus: 0.5, memory: 1Gi}}
-            entrypoint:
-              task: gantry.training.examples.tabular:task
-              args: ["epochs=2", "dataset=churn-features"]
-            data: [{{dataset: churn-features, version: "${{steps.preprocess.outputs.version}}"}}]
-        - name: evaluate
-          evaluate:
-            model: ${{steps.train.outputs.model}}
-            resources: {{cpus: 0.5, memory: 1Gi}}
-            entrypoint:
-              task: gantry.training.examples.tabular:task
-              args: ["dataset=churn-features"]
-            data: [{{dataset: churn-features, version: "${{steps.preprocess.outputs.version}}"}}]
-        - name: deploy
-          gate:
-            metric: ${{steps.evaluate.outputs.metrics.accuracy}}
-            atLeast: ${{params.min_accuracy}}
-          deploy:
-            deployment: churn-e2e
-            model: ${{steps.evaluate.outputs.model}}
-            canary: {{percent: 20}}
-    """
-)
 
 
 def _token(platform: Platform, who: str, roles: list[str]) -> str:
@@ -77,7 +36,7 @@ def _wait(client: WorkflowsClient, run_id: str) -> RunInfo:
 def test_a_pipeline_passes_its_gate_and_deploys_a_canary(platform: Platform, version: str) -> None:
     token = _owner(platform)
     with WorkflowsClient(platform.address("workflows"), token) as wf:
-        wf.submit(PIPELINE.format(version=version))
+        wf.submit(churn_pipeline("churn-e2e", version))
         run = _wait(wf, wf.start("churn-e2e").run.id)
     assert run.state == "succeeded", run.reason
     pre, train, evaluate, deploy = (
@@ -109,7 +68,7 @@ def test_a_failed_gate_does_not_deploy_and_a_killed_service_resumes(
 ) -> None:
     token = _owner(platform)
     with WorkflowsClient(platform.address("workflows"), token) as wf:
-        wf.submit(PIPELINE.format(version=version))
+        wf.submit(churn_pipeline("churn-e2e", version))
         run = wf.start("churn-e2e", {"min_accuracy": "1.01"}).run
         deadline = time.monotonic() + 120
         while wf.run(run.id).step("train").state != "running":

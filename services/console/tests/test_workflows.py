@@ -172,6 +172,7 @@ def _experiment(state: str = "running", owner: str = "dev") -> ExperimentInfo:
 
 
 def _session(state: str = "running", owner: str = "dev") -> SessionInfo:
+    now = int(time.time() * 1000)  # now, not at import: the page counts from the real clock
     ended = state in ("culled", "expired", "stopped", "failed")
     return SessionInfo(
         name="scratch",
@@ -188,12 +189,12 @@ def _session(state: str = "running", owner: str = "dev") -> SessionInfo:
         active_s=0.0,
         history=(
             SessionGenerationInfo(
-                1, "j-sess1", NOW - 600_000, NOW if ended else 0, state if ended else "", 30.0
+                1, "j-sess1", now - 600_000, now if ended else 0, state if ended else "", 30.0
             ),
         ),
-        created_ms=NOW - 600_000,
-        started_ms=NOW - 600_000,
-        ended_ms=NOW if ended else 0,
+        created_ms=now - 600_000,
+        started_ms=now - 600_000,
+        ended_ms=now if ended else 0,
         idle_timeout_s=1800.0,
         lifetime_s=8 * 3600.0,
         gpus=0.25,

@@ -203,3 +203,15 @@ def test_the_cluster_page_is_refused_to_a_role_that_may_not_see_nodes(
     reply = client.get("/cluster")
     assert reply.status_code == 403 and "Refused" in reply.text
     assert apis.calls == []
+
+
+def test_an_unknown_page_and_bad_input_are_pages_that_say_so(
+    console: tuple[TestClient, FakeApis, object],
+) -> None:
+    client, _apis, login = console
+    login("ada", "platform-admin")
+    missing = client.get("/no/such/page")
+    assert missing.status_code == 404
+    assert "page &#39;/no/such/page&#39; not found" in missing.text and "<html" in missing.text
+    wrong = client.get("/logout")  # only POST logs out
+    assert wrong.status_code == 405 and "<html" in wrong.text

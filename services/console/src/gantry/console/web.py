@@ -15,6 +15,7 @@ from importlib import resources
 from urllib.parse import quote, urlsplit
 
 from fastapi import FastAPI, Form, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -23,13 +24,14 @@ from fastapi.responses import (
     Response,
 )
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
 
 from gantry.console.apis import Apis
 from gantry.console.deps import LoginRequired, ViewerDep
 from gantry.console.render import error_page, is_htmx, page, sections_for
 from gantry.console.viewer import COOKIE, Gatekeeper
-from gantry.core import GantryError, Unauthenticated
+from gantry.core import GantryError, InvalidInput, NotFound, Unauthenticated
 from gantry.core.logging import get_logger
 
 _log = get_logger(__name__)
@@ -104,6 +106,30 @@ def create_app(gatekeeper: Gatekeeper, apis: Apis, *, secure_cookie: bool = Fals
     @app.exception_handler(GantryError)
     async def _gantry(request: Request, exc: GantryError) -> Response:
         return error_page(request, getattr(request.state, "viewer", None), exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        viewer = getattr(request.state, "viewer", None)
+        if exc.status_code == 404:
+            error: GantryError = NotFound(
+                "page", request.url.path, hint="there is no such page: use the navigation"
+            )
+        else:
+            error = InvalidInput(f"{request.method} {request.url.path}: {exc.detail}")
+        response = error_page(request, viewer, error)
+        response.status_code = exc.status_code
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'input'}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        error = InvalidInput(
+            f"this request has bad input: {problems}", hint="correct it and send it again"
+        )
+        return error_page(request, getattr(request.state, "viewer", None), error)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> JSONResponse:

@@ -39,8 +39,12 @@ browser:
 		$$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { \
 			$$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 
+# Two workers, one test file each at a time (a file's fixtures stay on one worker);
+# PYTEST_WORKERS=0 runs everything in this process.
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP) browser
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench-quick: $(STAMP)
 	$(PY) bench/audit_ingest.py --quick

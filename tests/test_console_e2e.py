@@ -26,6 +26,9 @@ from gantry.supervisor.platform import Platform
 from gantry.testing.browser import ConsoleTab, chromium, console_tab
 from gantry.testing.specs import churn_pipeline, small_training_job
 
+# whole-platform tests: generous bounds (the suite runs two files side by side)
+pytestmark = pytest.mark.timeout(300)
+
 OWNER = "mira-ml"
 
 #: The sections each role's navigation shows.

@@ -16,6 +16,9 @@ from gantry.client.scheduler import SchedulerClient
 from gantry.client.workflows import WorkflowsClient
 from gantry.supervisor.platform import Platform
 
+# whole-platform tests: generous bounds (the suite runs two files side by side)
+pytestmark = pytest.mark.timeout(300)
+
 OWNER = "hugo-hpo"
 EPOCHS = 6
 TRIALS = 8

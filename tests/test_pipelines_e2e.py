@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+import pytest
 import yaml
 
 from gantry.client.admin import create_token
@@ -16,6 +17,9 @@ from gantry.client.serving import ServingClient
 from gantry.client.workflows import RunInfo, WorkflowsClient
 from gantry.supervisor.platform import Platform
 from gantry.testing.specs import churn_pipeline
+
+# whole-platform tests: generous bounds (the suite runs two files side by side)
+pytestmark = pytest.mark.timeout(300)
 
 OWNER = "mia-mlops"
 

@@ -11,6 +11,8 @@ import datetime as dt
 import textwrap
 import time
 
+import pytest
+
 from gantry.client.admin import create_token
 from gantry.client.scheduler import SchedulerClient
 from gantry.client.workflows import SessionInfo, WorkflowsClient
@@ -18,6 +20,9 @@ from gantry.core import GantryError
 from gantry.sched.spec import PRIORITY_CLASSES
 from gantry.supervisor.platform import Platform
 from gantry.testing.jupyter import JupyterClient
+
+# whole-platform tests: generous bounds (the suite runs two files side by side)
+pytestmark = pytest.mark.timeout(300)
 
 DEVELOPER = "dana-dev"
 NAME = "dana-scratch"

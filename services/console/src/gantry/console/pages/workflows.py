@@ -130,6 +130,24 @@ def _run_context(
     }
 
 
+def _live(
+    request: Request, viewer: Viewer, kind: str, title: str, done: bool, ctx: dict[str, Any]
+) -> HTMLResponse:
+    """A page whose live part htmx refreshes (``workflows_<kind>.html``): for htmx, only the
+    part (``_workflows_<kind>.html``), which swaps the actions too once the thing is done."""
+    if is_htmx(request):
+        return page(request, viewer, f"_workflows_{kind}.html", oob=done, **ctx)
+    return page(
+        request,
+        viewer,
+        f"workflows_{kind}.html",
+        section="workflows",
+        title=title,
+        oob=False,
+        **ctx,
+    )
+
+
 @router.get("/workflows/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, viewer: ViewerDep, apis: ApisDep, run_id: str) -> HTMLResponse:
     """One run: its steps as a graph and a table; htmx asks for the live part every 2 s while
@@ -143,17 +161,7 @@ def run_page(request: Request, viewer: ViewerDep, apis: ApisDep, run_id: str) ->
             except GantryError:
                 pipeline = None
     ctx = _run_context(viewer, run, step_parents(run, pipeline))
-    if is_htmx(request):
-        return page(request, viewer, "_workflows_run.html", oob=run.done, **ctx)
-    return page(
-        request,
-        viewer,
-        "workflows_run.html",
-        section="workflows",
-        title=f"Run {run.id[:8]} of {run.pipeline}",
-        oob=False,
-        **ctx,
-    )
+    return _live(request, viewer, "run", f"Run {run.id[:8]} of {run.pipeline}", run.done, ctx)
 
 
 @router.post("/workflows/runs/{run_id}/cancel")
@@ -309,17 +317,7 @@ def experiment_page(request: Request, viewer: ViewerDep, apis: ApisDep, name: st
     with apis.workflows(viewer) as wf:
         exp = wf.experiment(name)
     ctx = _experiment_context(viewer, exp)
-    if is_htmx(request):
-        return page(request, viewer, "_workflows_experiment.html", oob=exp.done, **ctx)
-    return page(
-        request,
-        viewer,
-        "workflows_experiment.html",
-        section="workflows",
-        title=f"Experiment {exp.name}",
-        oob=False,
-        **ctx,
-    )
+    return _live(request, viewer, "experiment", f"Experiment {exp.name}", exp.done, ctx)
 
 
 @router.post("/workflows/experiments/{name}/cancel")

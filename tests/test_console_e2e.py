@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import textwrap
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -303,3 +304,26 @@ def test_workflows_show_the_run_graph_the_search_and_a_session_to_stop(
             assert tab.errors == [], tab.errors
         stopped = wf.wait_session("console-scratch", states=("stopped",), timeout_s=60)
         assert stopped.state == "stopped"
+
+
+def test_a_revoked_token_ends_the_console_login(
+    platform: Platform, browser: Browser, story: dict[str, str]
+) -> None:
+    from gantry.client.audit import AuditClient
+
+    token = _token(platform, "rex-revoked", ["ml-developer"])
+    admin = _token(platform, "ops-admin", ["platform-admin"])
+    with console_tab(browser, platform.console_url, "revoked", token) as tab:
+        tab.open("/jobs")
+        expect(tab.page.get_by_test_id("jobs")).to_be_visible()
+        with AuditClient(platform.address("audit"), admin) as audit:
+            audit.revoke_token(token=token, reason="laptop stolen")
+        deadline = time.monotonic() + 15  # every service learns it from the bus
+        while "/login" not in tab.page.url:
+            assert time.monotonic() < deadline, "the console kept serving a revoked token"
+            time.sleep(0.5)
+            tab.open("/jobs")
+        expect(tab.page.locator("[role=alert]")).to_contain_text("revoked: laptop stolen")
+        tab.open("/jobs")  # the cookie is gone: the login form again
+        assert "/login" in tab.page.url
+        assert tab.errors == [], tab.errors

@@ -215,3 +215,28 @@ def test_an_unknown_page_and_bad_input_are_pages_that_say_so(
     assert "page &#39;/no/such/page&#39; not found" in missing.text and "<html" in missing.text
     wrong = client.get("/logout")  # only POST logs out
     assert wrong.status_code == 405 and "<html" in wrong.text
+
+
+class _Revoked:
+    def nodes(self) -> list[NodeInfo]:
+        from gantry.core import Unauthenticated
+
+        raise Unauthenticated("token 01ab was revoked: laptop stolen")
+
+    queues = nodes
+
+
+def test_a_token_the_services_refuse_ends_the_login_with_the_reason(
+    console: tuple[TestClient, FakeApis, object],
+) -> None:
+    client, apis, login = console
+    apis.factories["scheduler"] = lambda viewer: Closing(_Revoked())
+    apis.factories["profiler"] = lambda viewer: Closing(_Prof())
+    login("dev", "ml-developer")
+    reply = client.get("/cluster")
+    assert reply.status_code == 303
+    assert reply.headers["location"].startswith("/login?next=/cluster&why=")
+    assert "revoked" in reply.headers["location"]
+    assert 'gantry_console=""' in reply.headers["set-cookie"]  # the cookie is dropped
+    htmx = client.get("/cluster", headers={"hx-request": "true"})
+    assert htmx.status_code == 401 and htmx.headers["hx-redirect"].startswith("/login")

@@ -95,16 +95,29 @@ def create_app(gatekeeper: Gatekeeper, apis: Apis, *, secure_cookie: bool = Fals
     static = resources.files("gantry.console") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
 
+    def _to_login(request: Request, reason: str, *, forget: bool) -> Response:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        where = f"/login?next={quote(target)}&why={quote(reason)}"
+        response: Response
+        if is_htmx(request):
+            response = Response(status_code=401, headers={"HX-Redirect": where})
+        else:
+            response = RedirectResponse(where, status_code=303)
+        if forget:
+            response.delete_cookie(COOKIE, path="/")
+        return response
+
     @app.exception_handler(LoginRequired)
     async def _login(request: Request, exc: LoginRequired) -> Response:
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        where = f"/login?next={quote(target)}&why={quote(exc.reason)}"
-        if is_htmx(request):
-            return Response(status_code=401, headers={"HX-Redirect": where})
-        return RedirectResponse(where, status_code=303)
+        return _to_login(request, exc.reason, forget=False)
 
     @app.exception_handler(GantryError)
     async def _gantry(request: Request, exc: GantryError) -> Response:
+        if isinstance(exc, Unauthenticated):  # a service refused the token (e.g. revoked)
+            _log.info("a service refused the viewer's token", reason=exc.message)
+            return _to_login(
+                request, f"the platform refused your token: {exc.message}", forget=True
+            )
         return error_page(request, getattr(request.state, "viewer", None), exc)
 
     @app.exception_handler(StarletteHTTPException)

@@ -39,12 +39,13 @@ browser:
 		$$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { \
 			$$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 
-# Two workers, one test file each at a time (a file's fixtures stay on one worker);
-# PYTEST_WORKERS=0 runs everything in this process.
+# Two workers, one test file each at a time (a file's fixtures stay on one worker), then the
+# tests marked serial (they measure real timings) alone; PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 
 test: $(STAMP) browser
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
+	$(VENV)/bin/pytest -q -m serial
 
 bench-quick: $(STAMP)
 	$(PY) bench/audit_ingest.py --quick

@@ -7,6 +7,10 @@ import pytest
 
 from .gangs import analyse, train
 
+# real gangs on this machine's cores: another test loading the CPU makes a rank slow for real
+# (the analyses then rightly name it), so these run on their own (make test's serial phase)
+pytestmark = pytest.mark.serial
+
 EVEN_RUNS = 20
 STEPS = 120
 SLOW_FROM = 40  # rank 1's loader slows down after this many steps
